@@ -1,0 +1,105 @@
+"""``torch.library`` custom ops of the gdn contract (namespace ``gdn``).
+
+- ``gdn::prefill``      GatedDeltaPrefill: packed varlen tokens -> (o, final_state)
+- ``gdn::decode``       GatedDeltaDecode, state_mode 0: one token per sequence -> (o, new_state)
+- ``gdn::decode_pool_`` GatedDeltaDecode, state_mode 1: updates ``pool`` in place at ``slots`` -> o
+
+The default implementation (every device) is the PyTorch reference of
+:mod:`gdn_deploy.reference`; :mod:`gdn_deploy.kernels` registers the CUDA kernels for
+the ``cuda`` device when its library is built. Fake implementations give shapes for
+``torch.export``/``torch.compile`` tracing and ONNX export.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .spec import DECODE, PREFILL
+from .validate import validate_decode, validate_prefill
+
+_D = PREFILL.defaults
+_DD = DECODE.defaults
+
+
+def _on_cpu(*ts: Optional[Tensor]) -> bool:
+    return all(t is None or t.device.type == "cpu" for t in ts)
+
+
+@torch.library.custom_op("gdn::prefill", mutates_args=())
+def prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+            initial_state: Tensor, A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+            gate_mode: int = _D["gate_mode"], use_qk_l2norm: int = _D["use_qk_l2norm"],
+            scale: float = _D["scale"], l2norm_eps: float = _D["l2norm_eps"]) -> tuple[Tensor, Tensor]:
+    o, s = reference.prefill_ref(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias,
+                                 gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale,
+                                 l2norm_eps=l2norm_eps, form="chunked",
+                                 check_values=_on_cpu(q, cu_seqlens))
+    return o.contiguous(), s.contiguous()
+
+
+@prefill.register_fake
+def _(q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bias=None, gate_mode=_D["gate_mode"],
+      use_qk_l2norm=_D["use_qk_l2norm"], scale=_D["scale"], l2norm_eps=_D["l2norm_eps"]):
+    attrs = PREFILL.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps)
+    validate_prefill(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
+                          A_log=A_log, dt_bias=dt_bias), attrs, check_values=False)
+    return v.new_empty(v.shape), initial_state.new_empty(initial_state.shape)
+
+
+@torch.library.custom_op("gdn::decode", mutates_args=())
+def decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+           A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+           gate_mode: int = _DD["gate_mode"], use_qk_l2norm: int = _DD["use_qk_l2norm"],
+           scale: float = _DD["scale"], l2norm_eps: float = _DD["l2norm_eps"]) -> tuple[Tensor, Tensor]:
+    o, s = reference.decode_ref(q, k, v, g, beta, state, None, A_log, dt_bias, gate_mode=gate_mode,
+                                use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps,
+                                state_mode=0, check_values=_on_cpu(q))
+    return o.contiguous(), s.contiguous()
+
+
+@decode.register_fake
+def _(q, k, v, g, beta, state, A_log=None, dt_bias=None, gate_mode=_DD["gate_mode"],
+      use_qk_l2norm=_DD["use_qk_l2norm"], scale=_DD["scale"], l2norm_eps=_DD["l2norm_eps"]):
+    attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale,
+                         l2norm_eps=l2norm_eps, state_mode=0)
+    validate_decode(dict(q=q, k=k, v=v, g=g, beta=beta, state=state, A_log=A_log, dt_bias=dt_bias),
+                    attrs, check_values=False)
+    return v.new_empty(v.shape), state.new_empty(state.shape)
+
+
+@torch.library.custom_op("gdn::decode_pool_", mutates_args=("pool",))
+def decode_pool_(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Tensor, slots: Tensor,
+                 A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                 gate_mode: int = _DD["gate_mode"], use_qk_l2norm: int = _DD["use_qk_l2norm"],
+                 scale: float = _DD["scale"], l2norm_eps: float = _DD["l2norm_eps"]) -> Tensor:
+    o, new = reference.decode_ref(q, k, v, g, beta, pool, slots, A_log, dt_bias, gate_mode=gate_mode,
+                                  use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps,
+                                  state_mode=1, check_values=_on_cpu(q, slots))
+    used = slots.to(torch.long)
+    used = used[used >= 0]
+    pool.index_copy_(0, used, new.index_select(0, used).to(pool.dtype))
+    return o.contiguous()
+
+
+@decode_pool_.register_fake
+def _(q, k, v, g, beta, pool, slots, A_log=None, dt_bias=None, gate_mode=_DD["gate_mode"],
+      use_qk_l2norm=_DD["use_qk_l2norm"], scale=_DD["scale"], l2norm_eps=_DD["l2norm_eps"]):
+    attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale,
+                         l2norm_eps=l2norm_eps, state_mode=1)
+    validate_decode(dict(q=q, k=k, v=v, g=g, beta=beta, state=pool, slots=slots, A_log=A_log, dt_bias=dt_bias),
+                    attrs, check_values=False)
+    return v.new_empty(v.shape)
+
+
+def _load_cuda_kernels() -> None:
+    """Register the CUDA implementations when the kernel library is available (no-op otherwise)."""
+    try:
+        from . import kernels  # noqa: F401  (registers on import)
+    except ImportError:
+        pass
+
+
+_load_cuda_kernels()
