@@ -97,10 +97,11 @@ def prefill_ref(q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bias
                 gate_mode: int | None = None, use_qk_l2norm: int | None = None, scale: float | None = None,
                 l2norm_eps: float | None = None, form: str = "recurrent",
                 compute_dtype: torch.dtype | None = None, check_values: bool = True):
-    """GatedDeltaPrefill. Returns ``(o [T,Hv,V] in q's dtype, final_state [N,Hv,K,V])``.
+    """GatedDeltaPrefill. Returns ``(o [T,Hv,V], final_state [N,Hv,K,V])``.
 
     ``form`` is ``"recurrent"`` (token by token) or ``"chunked"`` (chunk_size tokens, WY/UT).
-    The final state is float32, or float64 when computing in float64.
+    ``o`` is in q's dtype and the final state float32, except when computing in float64 (a float64
+    input or ``compute_dtype=torch.float64``): then both are float64.
     """
     attrs = PREFILL.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps)
     args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,

@@ -7,6 +7,7 @@ GPU that is a device-to-host sync, so callers on a hot path can turn them off
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,12 +67,13 @@ def _collect(op: OpSpec, args: dict[str, Any], attrs: dict[str, Any]) -> None:
 
 def _check_attrs(op: OpSpec, attrs: dict[str, Any]) -> None:
     for a in ("gate_mode", "use_qk_l2norm", "state_mode"):
-        if a in op.attributes and int(attrs[a]) not in (0, 1):
-            raise contract_error("attribute", name=a, why=f"must be 0 or 1, got {attrs[a]}")
-    if float(attrs["scale"]) < 0 or float(attrs["scale"]) != float(attrs["scale"]):
-        raise contract_error("attribute", name="scale", why=f"must be >= 0 (0 means 1/sqrt(K)), got {attrs['scale']}")
-    if not float(attrs["l2norm_eps"]) > 0:
-        raise contract_error("attribute", name="l2norm_eps", why=f"must be > 0, got {attrs['l2norm_eps']}")
+        if a in op.attributes and attrs[a] not in (0, 1):   # also rejects 0.5 or "1" (int() would accept them)
+            raise contract_error("attribute", name=a, why=f"must be 0 or 1, got {attrs[a]!r}")
+    if not (math.isfinite(float(attrs["scale"])) and float(attrs["scale"]) >= 0):
+        raise contract_error("attribute", name="scale",
+                             why=f"must be finite and >= 0 (0 means 1/sqrt(K)), got {attrs['scale']}")
+    if not (math.isfinite(float(attrs["l2norm_eps"])) and float(attrs["l2norm_eps"]) > 0):
+        raise contract_error("attribute", name="l2norm_eps", why=f"must be finite and > 0, got {attrs['l2norm_eps']}")
 
 
 def _check_common(op: OpSpec, a: dict[str, Any], attrs: dict[str, Any], allow64: bool) -> tuple[int, int, int, int, int]:
@@ -91,6 +93,8 @@ def _check_common(op: OpSpec, a: dict[str, Any], attrs: dict[str, Any], allow64:
             raise contract_error("dtype_fixed", name=n, got=_dtype_name(a[n]), want="float32, float16 or bfloat16")
     rows, Hk, K = q.shape
     Hv, V = v.shape[1], v.shape[2]
+    if K < 1:   # an empty head (K = 0) has no 1/sqrt(K) scale
+        raise contract_error("dim", name="q", dim=2, symbol="K", got=K, want=">= 1", source="head size")
     _check_dim("k", k, 0, shapes["k"][0], rows, "q")
     _check_dim("k", k, 1, "Hk", Hk, "q")
     _check_dim("k", k, 2, "K", K, "q")

@@ -14,7 +14,7 @@ gdn-check "$OUT"
 echo "== 3/3 TensorRT engines"
 if "$PY" -c "import tensorrt" 2>/dev/null; then
     if [ ! -e build/plugins_cpp/libgdn_trt_plugins.so ] && [ -z "${GDN_PLUGIN_LIB:-}" ]; then
-        bash scripts/build_kernels.sh --build-dir build
+        bash scripts/build_kernels.sh --all
     fi
     gdn-build "$OUT"
 else

@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 bash scripts/setup.sh test
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     echo "[test] compiling CUDA kernels for sm_${GDN_CI_ARCH:-90} (compile check; kernels run only on a GPU)"
-    bash scripts/build_kernels.sh --archs "${GDN_CI_ARCH:-90}" --build-dir build
+    GDN_BUILD_DIR="$PWD/build" bash scripts/build_kernels.sh --all "${GDN_CI_ARCH:-90}"
 else
     echo "[test] nvcc not found: skipping the CUDA compile check"
 fi

@@ -1,0 +1,380 @@
+"""Benchmark the gdn CUDA kernels side by side with FLA (fla-core) and plain PyTorch, in one run.
+
+  python benchmarks/bench_kernels.py [--out DIR] [--sections ceilings,decode,prefill] [--quick]
+
+Measures the two ceilings first (device-to-device copy bandwidth counting bytes read + written;
+bf16 matmul TFLOP/s on random data), then:
+- decode (one token per sequence, bf16 I/O, fp32 gates and state, in-kernel L2 norm): ours (automatic
+  V-tile and each forced tile; dense and pool-in-place), FLA fused_recurrent_gated_delta_rule, plain
+  torch recurrence; timed as CUDA-graph replays over enough rotating buffer sets to defeat L2.
+  Reports us/call, GB/s, fraction of copy bandwidth, speedup vs FLA.
+- prefill (packed varlen): ours (when the prefill kernel is built), FLA chunk_gated_delta_rule with
+  cu_seqlens; reports ms, fraction of the bandwidth floor and of matmul throughput, speedup vs FLA.
+Every case also compares our output with FLA's (rel err) to show the same function is timed.
+Results: CSV + JSON in --out (default $OUT if set, else results/).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gdn_deploy import ops  # noqa: E402,F401  (registers torch.ops.gdn.*)
+
+ROWS: list[dict] = []
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    d = float(b.norm())
+    return float((a - b).norm()) / d if d else float((a - b).norm())
+
+
+def time_events(fn, reps=10, warmup=2) -> float:
+    """Median milliseconds of fn() over reps, with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def time_graph(calls, reps=20) -> float:
+    """Capture all `calls` (one per rotating buffer set) in one CUDA graph; median ms per call."""
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(st)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return time_events(g.replay, reps=reps, warmup=3) / len(calls)
+
+
+def kernel_us(calls, pattern: str) -> float | None:
+    """Median device duration (us) of the kernels whose name contains `pattern`, one eager pass over
+    `calls` under the torch profiler (CUPTI): kernel time alone, without launch gaps."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        for c in calls[:2]:
+            c()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for c in calls:
+                c()
+            torch.cuda.synchronize()
+        d = [e.time_range.elapsed_us() for e in prof.events() if pattern in e.name]
+        return statistics.median(d) if d else None
+    except Exception as e:  # noqa: BLE001
+        log(f"  kernel_us({pattern}) failed: {type(e).__name__}: {e}")
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ ceilings
+def ceilings(quick: bool) -> dict:
+    n = (1 << 28) if not quick else (1 << 26)  # float32 elements: 1 GiB (256 MiB quick)
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_events(lambda: dst.copy_(src), reps=10)
+    copy_bw = 2 * n * 4 / (ms * 1e-3)
+    del src, dst
+    m = 8192
+    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    ms_mm = time_events(lambda: a @ b, reps=10, warmup=3)
+    tflops = 2 * m ** 3 / (ms_mm * 1e-3) / 1e12
+    del a, b
+    torch.cuda.empty_cache()
+    res = dict(copy_GBps=copy_bw / 1e9, matmul_bf16_TFLOPs=tflops)
+    log(f"[ceilings] copy {copy_bw / 1e9:.0f} GB/s (read+write), bf16 matmul {tflops:.0f} TFLOP/s")
+    ROWS.append(dict(section="ceilings", case="copy+matmul", impl="torch", ms=ms, **res))
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ decode
+def _fla():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except Exception as e:  # noqa: BLE001
+        log(f"[fla] unavailable: {type(e).__name__}: {e}")
+        return None, None
+
+
+def _l2n(x):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def torch_decode(q, k, v, g, beta, state, out_state):
+    """The recurrence in plain torch (fp32 math, L2 norm, scale 1/sqrt(K), GVA), graph-capturable."""
+    rep = v.shape[1] // q.shape[1]
+    qf = (_l2n(q.float()) * q.shape[-1] ** -0.5).repeat_interleave(rep, 1)
+    kf = _l2n(k.float()).repeat_interleave(rep, 1)
+    S = state * g.float().exp()[..., None, None]
+    delta = (v.float() - torch.einsum("bhk,bhkv->bhv", kf, S)) * beta.float()[..., None]
+    S = S + kf[..., None] * delta[..., None, :]
+    out_state.copy_(S)
+    return torch.einsum("bhk,bhkv->bhv", qf, S).to(v.dtype)
+
+
+def decode_inputs(B, Hk, Hv, K, V, pool=False, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    d = dict(q=r(B, Hk, K).bfloat16(), k=r(B, Hk, K).bfloat16(), v=r(B, Hv, V).bfloat16(),
+             g=-torch.rand(B, Hv, device="cuda", generator=gen) * 0.5 - 0.01,
+             beta=torch.rand(B, Hv, device="cuda", generator=gen))
+    P = 2 * B if pool else B
+    d["state"] = 0.1 * r(P, Hv, K, V)
+    if pool:
+        d["slots"] = torch.randperm(P, device="cuda", generator=gen)[:B].to(torch.int32)
+    return d
+
+
+def decode_bytes(B, Hk, Hv, K, V):
+    return B * (2 * Hv * K * V * 4 + 2 * Hk * K * 2 + 2 * Hv * V * 2 + 2 * Hv * 4)
+
+
+def bench_decode(ceil: dict, quick: bool, kernels, fla_rec):
+    shapes = [("qwen3next", 16, 32, 128, 128), ("h16_d64", 16, 16, 64, 64), ("h16_d256", 16, 16, 256, 256)]
+    batches = [1, 8, 64, 256] if not quick else [1, 64]
+    attrs = dict(gate_mode=0, use_qk_l2norm=1, scale=0.0, l2norm_eps=1e-6)
+    for name, Hk, Hv, K, V in shapes:
+        for B in batches:
+            nbytes = decode_bytes(B, Hk, Hv, K, V)
+            nsets = max(2, min(64, math.ceil(256e6 / nbytes)))
+            sets = [decode_inputs(B, Hk, Hv, K, V, seed=i) for i in range(nsets)]
+            outs = [dict(o=torch.empty_like(s["v"]), s=torch.empty_like(s["state"])) for s in sets]
+            case = f"{name} B={B}"
+            res, kern = {}, {}
+
+            if kernels is not None:
+                L = kernels.launch
+
+                def ours(s, o, bv=0):
+                    p = L.decode_params(s["q"], s["k"], s["v"], s["g"], s["beta"], s["state"], o["s"], o["o"],
+                                        state_mode=0, **attrs)
+                    return lambda: L.launch_decode(kernels.LIB, p, s["q"].device, bv)
+
+                for tag, bv in (("ours", 0), ("ours_bv8", 8), ("ours_bv16", 16), ("ours_bv32", 32), ("ours_bv64", 64)):
+                    res[tag] = time_graph([ours(s, o, bv) for s, o in zip(sets, outs)])
+                    kern[tag] = kernel_us([ours(s, o, bv) for s, o in zip(sets, outs)], "gdnDecodeKernel")
+                ours(sets[0], outs[0])()
+                o_ours, s_ours = outs[0]["o"].clone(), outs[0]["s"].clone()
+                # float64 reference on the first set (small batches only: the reference loops over B)
+                if B <= 8:
+                    from gdn_deploy.reference import decode_ref
+                    s0 = sets[0]
+                    ro, rs = decode_ref(*(s0[n].double() for n in ("q", "k", "v", "g", "beta", "state")),
+                                        state_mode=0, **attrs)
+                    log(f"  [{case}] ours vs fp64 ref: o {rel_err(o_ours, ro):.2e} state {rel_err(s_ours, rs):.2e}")
+                # pool in place (half the pool rows used; a new pool per set)
+                psets = [decode_inputs(B, Hk, Hv, K, V, pool=True, seed=100 + i) for i in range(nsets)]
+                pouts = [torch.empty_like(s["v"]) for s in psets]
+
+                def ours_pool(s, o):
+                    p = L.decode_params(s["q"], s["k"], s["v"], s["g"], s["beta"], s["state"], s["state"], o,
+                                        s["slots"], state_mode=1, **attrs)
+                    return lambda: L.launch_decode(kernels.LIB, p, s["q"].device, 0)
+
+                res["ours_pool"] = time_graph([ours_pool(s, o) for s, o in zip(psets, pouts)])
+                del psets, pouts
+
+            if fla_rec is not None:
+                def fla(s, o):
+                    def run():
+                        oo, ss = fla_rec(s["q"][:, None], s["k"][:, None], s["v"][:, None], s["g"][:, None],
+                                         beta=s["beta"][:, None], initial_state=s["state"], output_final_state=True,
+                                         use_qk_l2norm_in_kernel=True)
+                        o["o"].copy_(oo[:, 0])
+                        o["s"].copy_(ss)
+                    return run
+                try:
+                    fla(sets[0], outs[0])()
+                    if kernels is not None:
+                        log(f"  [{case}] ours vs FLA: o {rel_err(o_ours, outs[0]['o']):.2e} "
+                            f"state {rel_err(s_ours, outs[0]['s']):.2e}")
+                    # FLA allocates its outputs; time the call alone (the copies above are for the check)
+                    def fla_only(s):
+                        return lambda: fla_rec(s["q"][:, None], s["k"][:, None], s["v"][:, None], s["g"][:, None],
+                                               beta=s["beta"][:, None], initial_state=s["state"],
+                                               output_final_state=True, use_qk_l2norm_in_kernel=True)
+                    res["fla"] = time_graph([fla_only(s) for s in sets])
+                    kern["fla"] = kernel_us([fla_only(s) for s in sets], "fused_recurrent_gated_delta_rule")
+                except Exception as e:  # noqa: BLE001
+                    log(f"  [{case}] FLA failed: {type(e).__name__}: {e}")
+
+            res["torch"] = time_graph([(lambda s=s, o=o: torch_decode(s["q"], s["k"], s["v"], s["g"], s["beta"],
+                                                                       s["state"], o["s"])) for s, o in
+                                       zip(sets[:4], outs[:4])], reps=5)
+            for impl, ms in res.items():
+                gbps = nbytes / (ms * 1e-3) / 1e9
+                row = dict(section="decode", case=case, impl=impl, ms=ms, us=ms * 1e3, GBps=gbps,
+                           frac_copy_bw=gbps / ceil["copy_GBps"], bytes=nbytes, rotating_sets=nsets)
+                if "fla" in res:
+                    row["speedup_vs_fla"] = res["fla"] / ms
+                if kern.get(impl) is not None:
+                    row["kernel_us"] = kern[impl]
+                ROWS.append(row)
+            log(f"[decode {case}] kernel-only us: " + " ".join(f"{i}={v:.2f}" for i, v in kern.items() if v))
+            log(f"[decode {case}] " + "  ".join(
+                f"{i}={ms * 1e3:.2f}us({nbytes / (ms * 1e-3) / 1e9 / ceil['copy_GBps']:.2f}bw)" for i, ms in res.items()))
+            del sets, outs
+            torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------ prefill
+def prefill_flops(T, Hv, K, V, C=64):
+    return 2.0 * T * Hv * (2 * C * K + C * (K + V) + C * V + 3 * K * V)
+
+
+def prefill_bytes(T, N, Hk, Hv, K, V):
+    return T * (2 * Hk * K * 2 + 2 * Hv * V * 2 + 2 * Hv * 4) + 2 * N * Hv * K * V * 4
+
+
+def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
+    cases = [("qwen3next 1x4K", [4096]), ("qwen3next 1x16K", [16384]), ("qwen3next 16x1K", [1024] * 16),
+             ("qwen3next ragged", [1, 63, 64, 65, 1000, 3000, 17, 2048, 129, 4096])]
+    if not quick:
+        cases.insert(2, ("qwen3next 1x64K", [65536]))
+    shape = dict(qwen3next=(16, 32, 128, 128))
+    extra = [("h16_d64 1x16K", [16384], (16, 16, 64, 64)), ("h16_d256 1x16K", [16384], (16, 16, 256, 256))]
+    todo = [(n, sl, shape["qwen3next"]) for n, sl in cases] + ([] if quick else extra)
+    have_ours = kernels is not None and kernels.HAS_PREFILL
+    if kernels is not None and not kernels.HAS_PREFILL:
+        log(f"[prefill] ours unavailable: {kernels.PREFILL_UNAVAILABLE_REASON}")
+    for name, seqlens, (Hk, Hv, K, V) in todo:
+        T, N = sum(seqlens), len(seqlens)
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+        q, k, v = r(T, Hk, K).bfloat16(), r(T, Hk, K).bfloat16(), r(T, Hv, V).bfloat16()
+        g = -torch.rand(T, Hv, device="cuda", generator=gen) * 0.5 - 0.01
+        beta = torch.rand(T, Hv, device="cuda", generator=gen)
+        cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        h0 = 0.1 * r(N, Hv, K, V)
+        res, o_ours = {}, None
+        if have_ours:
+            L = kernels.launch
+            o = torch.empty_like(v)
+            fs = torch.empty_like(h0)
+            p = L.prefill_params(q, k, v, g, beta, cu, h0, o, fs, gate_mode=0, use_qk_l2norm=1, scale=0.0,
+                                 l2norm_eps=1e-6)
+            nb = L.prefill_workspace_bytes(kernels.LIB, p)
+            ws = torch.empty(nb, dtype=torch.uint8, device="cuda") if nb else None
+            try:
+                res["ours"] = time_events(lambda: L.launch_prefill(kernels.LIB, p, ws, q.device), reps=10)
+                o_ours, s_ours = o.clone(), fs.clone()
+            except Exception as e:  # noqa: BLE001
+                log(f"  [{name}] ours failed: {type(e).__name__}: {e}")
+        if fla_chunk is not None:
+            cu64 = cu.long()
+
+            def fla():
+                return fla_chunk(q[None], k[None], v[None], g[None], beta[None], initial_state=h0,
+                                 output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu64)
+            try:
+                fo, fsf = fla()
+                res["fla"] = time_events(fla, reps=10)
+                if o_ours is not None:
+                    log(f"  [{name}] ours vs FLA: o {rel_err(o_ours, fo[0]):.2e} state {rel_err(s_ours, fsf):.2e}")
+            except Exception as e:  # noqa: BLE001
+                log(f"  [{name}] FLA failed: {type(e).__name__}: {e}")
+        nbytes, flops = prefill_bytes(T, N, Hk, Hv, K, V), prefill_flops(T, Hv, K, V)
+        bw_floor = nbytes / (ceil["copy_GBps"] * 1e9) * 1e3
+        mm_floor = flops / (ceil["matmul_bf16_TFLOPs"] * 1e12) * 1e3
+        for impl, ms in res.items():
+            row = dict(section="prefill", case=name, impl=impl, ms=ms, tokens=T, bytes=nbytes, flops=flops,
+                       frac_bw_floor=bw_floor / ms, frac_tensor=mm_floor / ms, floor_ms=max(bw_floor, mm_floor))
+            if "fla" in res:
+                row["speedup_vs_fla"] = res["fla"] / ms
+            ROWS.append(row)
+        log(f"[prefill {name}] T={T} floor bw {bw_floor:.3f}ms tensor {mm_floor:.3f}ms  " +
+            "  ".join(f"{i}={ms:.3f}ms" for i, ms in res.items()))
+        del q, k, v, g, beta, h0
+        torch.cuda.empty_cache()
+
+
+def write(out: Path, meta: dict):
+    out.mkdir(parents=True, exist_ok=True)
+    keys = []
+    for r in ROWS:
+        keys += [k for k in r if k not in keys]
+    with open(out / "bench_kernels.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(ROWS)
+    (out / "bench_kernels.json").write_text(json.dumps(dict(meta=meta, rows=ROWS), indent=1))
+    log(f"wrote {out / 'bench_kernels.csv'} and bench_kernels.json")
+
+
+def summary():
+    log("\n=== summary ===")
+    for r in ROWS:
+        if r["section"] == "decode":
+            log(f"decode  {r['case']:<22} {r['impl']:<10} {r['us']:8.2f} us  {r['frac_copy_bw']:.2f} of copy BW"
+                + (f"  x{r['speedup_vs_fla']:.2f} vs FLA" if "speedup_vs_fla" in r else "")
+                + (f"  (kernel alone {r['kernel_us']:.2f} us)" if "kernel_us" in r else ""))
+        elif r["section"] == "prefill":
+            log(f"prefill {r['case']:<22} {r['impl']:<10} {r['ms']:8.3f} ms  bw-floor {r['frac_bw_floor']:.2f} "
+                f"tensor {r['frac_tensor']:.2f}" + (f"  x{r['speedup_vs_fla']:.2f} vs FLA" if "speedup_vs_fla" in r else ""))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT") or "results")
+    ap.add_argument("--sections", default="ceilings,decode,prefill")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    ap.add_argument("--no-fla", action="store_true")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        log("no CUDA device: nothing to benchmark")
+        return 2
+    try:
+        import gdn_deploy.kernels as kernels
+    except ImportError as e:
+        log(f"[ours] unavailable: {e}")
+        kernels = None
+    fla_chunk, fla_rec = (None, None) if a.no_fla else _fla()
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, time=time.strftime("%F %T"),
+                has_prefill=bool(kernels and kernels.HAS_PREFILL), fla=fla_rec is not None)
+    log(f"[meta] {meta}")
+    sections = a.sections.split(",")
+    ceil = ceilings(a.quick)
+    meta.update(ceil)
+    try:
+        if "decode" in sections:
+            bench_decode(ceil, a.quick, kernels, fla_rec)
+        if "prefill" in sections:
+            bench_prefill(ceil, a.quick, kernels, fla_chunk)
+    finally:
+        write(Path(a.out), meta)
+        summary()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""ONNX export of the gdn ops.
+
+- :mod:`.onnx_schemas`   OpSchemas of gdn::GatedDeltaPrefill / GatedDeltaDecode from the spec
+- :mod:`.onnx_functions` model-local function bodies (standard ONNX ops) so onnxruntime runs gdn nodes
+- :mod:`.onnx_ops`       translation table for torch.onnx.export(dynamo=True), export_program, run_onnxruntime
+- :mod:`.interop`        LinearAttention (com.microsoft / ONNX opset 27) translation for onnxruntime-only use
+
+The names below are imported lazily (importing this package does not import torch's exporter).
+"""
+from __future__ import annotations
+
+_LAZY = {
+    "register_schemas": "onnx_ops", "translation_table": "onnx_ops", "add_function_bodies": "onnx_ops",
+    "export_program": "onnx_ops", "run_onnxruntime": "onnx_ops", "gdn_nodes": "onnx_ops",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,143 @@
+"""``gdn-export``: a Gated DeltaNet model -> prefill.onnx, decode.onnx (, decode_pool.onnx) + gdn_model.json."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+EXIT_OK, EXIT_USAGE, EXIT_LOAD, EXIT_EXPORT, EXIT_MISMATCH = 0, 2, 3, 4, 5
+
+EPILOG = """\
+MODEL may be:
+  default                 the bundled tiny GDN language model (the default when MODEL is left out)
+  model.pt                a gdn-deploy checkpoint {format, kind, config, state_dict}, read with
+                          torch.load(weights_only=True): no code from the file runs
+  model.safetensors       a gdn-deploy safetensors checkpoint (config in the metadata)
+  HF_FOLDER               a Hugging Face Qwen3-Next / Qwen3.5 folder (config.json + *.safetensors):
+                          its Gated DeltaNet layers are exported as blocks, one sub-folder
+                          layer_<i>/ each (or just layer I with --layer I)
+  pickled.pt              a whole pickled GDNLM/GDNBlock, ONLY with --allow-pickle
+
+Output (OUTDIR, default ./gdn_onnx): prefill.onnx, decode.onnx (and decode_pool.onnx), plus
+gdn_model.json (config, I/O names, shapes, dtypes, TensorRT optimisation profiles) that
+gdn-build and gdn-check read.
+
+examples:
+  gdn-export                                   # tiny default model -> ./gdn_onnx
+  gdn-export model.pt -o out --precision fp16
+  gdn-export model.pt --graphs prefill,decode,decode_pool --max-tokens 16384 --max-seqs 128
+  gdn-export ./Qwen3-Next-80B-A3B-Instruct --layer 0 -o layer0
+  gdn-check out                                # Polygraphy comparison of the export
+
+exit codes:
+  0 ok   2 usage / bad input   3 model could not be loaded   4 export failed
+  5 onnxruntime output differs from PyTorch (verification)
+Set GDN_DEBUG=1 for a Python traceback on errors.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # usage errors: exit 2 with one line (argparse does this too)
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"gdn-export: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gdn-export", description="Export a Gated DeltaNet model (GDNLM, GDNBlock or the GDN layers "
+                "of a Hugging Face Qwen3-Next/Qwen3.5 model) to ONNX with gdn custom ops.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default="default", metavar="MODEL",
+                   help="model to export (default: the bundled tiny model); see below")
+    p.add_argument("-o", "--output", default="gdn_onnx", metavar="OUTDIR", help="output folder (default: gdn_onnx)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="weight/activation dtype; recurrent and conv states stay fp32 (default: fp32)")
+    p.add_argument("--opset", type=int, default=None,
+                   help="ONNX default-domain opset, 18..27 (default: 20; 27 with --interop onnx)")
+    p.add_argument("--graphs", default="prefill,decode", metavar="LIST",
+                   help="comma list of prefill, decode, decode_pool (default: prefill,decode)")
+    p.add_argument("--interop", choices=["com.microsoft", "onnx"], default=None,
+                   help="emit LinearAttention (onnxruntime contrib op, or ONNX opset 27) instead of the gdn "
+                        "custom ops: for onnxruntime-only users; prefill then needs equal-length sequences")
+    p.add_argument("--max-tokens", type=int, default=8192, metavar="N",
+                   help="TensorRT profile: max packed prefill tokens (default: 8192)")
+    p.add_argument("--max-seqs", type=int, default=64, metavar="N",
+                   help="TensorRT profile: max sequences / decode batch / pool rows (default: 64)")
+    p.add_argument("--layer", type=int, default=None, metavar="I",
+                   help="export only GDN layer I (of a HF folder or a GDNLM) as a block")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="allow a .pt holding a whole pickled module. UNSAFE for untrusted files: "
+                        "unpickling runs arbitrary code")
+    p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-PyTorch check")
+    p.add_argument("-q", "--quiet", action="store_true", help="only errors and the final summary")
+    return p
+
+
+def _parse_graphs(text: str) -> tuple[str, ...]:
+    from .model_export import GRAPHS, UsageError
+    graphs = tuple(g.strip() for g in text.split(",") if g.strip())
+    bad = [g for g in graphs if g not in GRAPHS]
+    if bad or not graphs:
+        raise UsageError(f"--graphs {text!r}: expected a comma list of {', '.join(GRAPHS)}")
+    return tuple(dict.fromkeys(graphs))
+
+
+def run(args: argparse.Namespace) -> int:
+    from .model_export import ExportOptions, UsageError, export_model, load_targets
+    say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    if args.max_tokens < 1 or args.max_seqs < 1:
+        raise UsageError("--max-tokens and --max-seqs must be >= 1")
+    if args.interop == "onnx":
+        if args.opset is None:
+            args.opset = 27          # the ONNX-standard LinearAttention exists from opset 27
+        elif args.opset < 27:
+            raise UsageError(f"--interop onnx emits the opset-27 LinearAttention; --opset {args.opset} is too old")
+    if args.opset is not None and not 18 <= args.opset <= 27:
+        raise UsageError(f"--opset {args.opset}: supported range is 18..27")
+    opts = ExportOptions(precision=args.precision, graphs=_parse_graphs(args.graphs), opset=args.opset,
+                         interop=args.interop, max_tokens=args.max_tokens, max_seqs=args.max_seqs,
+                         verify=not args.no_verify)
+    t0 = time.perf_counter()
+    say(f"loading {args.model}")
+    targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle)
+    root = Path(args.output)
+    written = []
+    for t in targets:
+        layer = t.source.get("layer")
+        outdir = root / f"layer_{layer}" if len(targets) > 1 else root
+        cfg = t.config
+        say(f"model: {t.kind}, hidden {cfg.hidden_size}, Hk={cfg.num_k_heads} Hv={cfg.num_v_heads} "
+            f"K={cfg.head_k_dim} V={cfg.head_v_dim}, {len(t.blocks)} GDN layer(s)"
+            + (f", HF layer {layer}" if layer is not None else "") + f", precision {opts.precision}")
+        res = export_model(t, outdir, opts, log=say)
+        written += res.files
+    print(f"gdn-export: wrote {len(written)} file(s) in {time.perf_counter() - t0:.1f} s:")
+    for f in written:
+        print(f"  {f}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except Exception as e:  # noqa: BLE001: one readable line, the exit code says what failed
+        from .model_export import ExportError
+        if os.environ.get("GDN_DEBUG") == "1":
+            traceback.print_exc()
+        code = e.exit_code if isinstance(e, ExportError) else EXIT_EXPORT
+        kind = {EXIT_USAGE: "error", EXIT_LOAD: "cannot load model", EXIT_EXPORT: "export failed",
+                EXIT_MISMATCH: "verification failed"}.get(code, "error")
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"gdn-export: {kind}: {msg}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        print("gdn-export: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The ``gdn_model.json`` sidecar written next to the exported graphs.
+
+It tells a consumer (``gdn-build``, ``gdn-check``, an inference server) everything the
+ONNX files do not say plainly: the model config and head dims, the weight precision,
+for each graph its file and its ordered inputs/outputs (symbolic shapes, dtypes), where
+the model came from, and suggested TensorRT optimisation profiles::
+
+    {"format": "gdn-deploy.model-export", "format_version": 1,
+     "model": {"kind": "lm"|"block", "config": {...}, "heads": {...}, "num_gdn_layers": L},
+     "precision": "fp16", "dtypes": {"weights": "float16", "activations": "float16", "states": "float32"},
+     "graphs": {"prefill": {"file": "prefill.onnx", "inputs": [{"name", "shape", "dtype"}...], "outputs": [...]}, ...},
+     "dims": {"T": "packed prefill tokens", ...},
+     "profiles": {"prefill": {"input_ids": {"min": [1], "opt": [2048], "max": [8192]}, ...}, "decode": {...}},
+     "source": {"model": "default", "layer": null, ...}, "opset": 18, "interop": null}
+
+Shapes are lists of ints and dim symbols: ``T`` (packed prefill tokens), ``N`` (prefill
+sequences; ``N+1`` for cu_seqlens), ``B`` (decode batch), ``P`` (state pool rows).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "SIDECAR_NAME", "DIM_DOCS", "MetadataError", "eval_dim",
+           "suggest_profiles", "build_metadata", "write_metadata", "read_metadata", "find_sidecar"]
+
+FORMAT = "gdn-deploy.model-export"
+FORMAT_VERSION = 1
+SIDECAR_NAME = "gdn_model.json"
+DIM_DOCS = {
+    "T": "packed prefill tokens (all sequences concatenated)",
+    "N": "prefill sequences (cu_seqlens has N+1 entries)",
+    "B": "decode batch: sequences advanced by one token",
+    "P": "rows of a state pool (decode_pool graph)",
+}
+
+
+class MetadataError(ValueError):
+    """A missing, unreadable or incompatible gdn_model.json."""
+
+
+def eval_dim(dim: int | str, sizes: Mapping[str, int]) -> int:
+    """Value of a shape entry: an int, a symbol ('T'), or symbol+int ('N+1')."""
+    if isinstance(dim, int):
+        return dim
+    sym, _, plus = str(dim).replace(" ", "").partition("+")
+    if sym not in sizes:
+        raise MetadataError(f"unknown dim symbol {dim!r} (known: {', '.join(sorted(sizes))})")
+    return int(sizes[sym]) + (int(plus) if plus else 0)
+
+
+def _profile_sizes(max_tokens: int, max_seqs: int) -> dict[str, dict[str, int]]:
+    if max_tokens < 1 or max_seqs < 1:
+        raise MetadataError(f"profile limits must be >= 1 (max_tokens={max_tokens}, max_seqs={max_seqs})")
+    return {
+        "min": {"T": 1, "N": 1, "B": 1, "P": 1},
+        "opt": {"T": max(1, max_tokens // 4), "N": max(1, max_seqs // 4), "B": max(1, max_seqs // 4),
+                "P": max_seqs},
+        "max": {"T": max_tokens, "N": max_seqs, "B": max_seqs, "P": max_seqs},
+    }
+
+
+def suggest_profiles(graphs: Mapping[str, Mapping[str, Any]], *, max_tokens: int = 8192,
+                     max_seqs: int = 64) -> dict[str, dict[str, dict[str, list[int]]]]:
+    """TensorRT optimisation profiles (min/opt/max shape of every graph input).
+
+    Defaults: up to ``max_tokens`` packed prefill tokens in up to ``max_seqs`` sequences,
+    decode batches up to ``max_seqs``, pools of ``max_seqs`` rows; opt is a quarter of max.
+    """
+    sizes = _profile_sizes(max_tokens, max_seqs)
+    out: dict[str, dict[str, dict[str, list[int]]]] = {}
+    for graph, info in graphs.items():
+        out[graph] = {t["name"]: {level: [eval_dim(d, sizes[level]) for d in t["shape"]]
+                                  for level in ("min", "opt", "max")}
+                      for t in info["inputs"]}
+    return out
+
+
+def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, int], num_gdn_layers: int,
+                   precision: str, dtypes: Mapping[str, str], graphs: Mapping[str, Mapping[str, Any]],
+                   source: Mapping[str, Any], opset: int | None, interop: str | None,
+                   max_tokens: int = 8192, max_seqs: int = 64) -> dict[str, Any]:
+    """Assemble the sidecar dict. ``graphs``: name -> {"file", "inputs", "outputs"} (tensor dicts)."""
+    for name, g in graphs.items():
+        for key in ("file", "inputs", "outputs"):
+            if key not in g:
+                raise MetadataError(f"graph {name!r}: missing {key!r}")
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": {"kind": kind, "config": dict(config), "heads": dict(heads), "num_gdn_layers": num_gdn_layers},
+        "precision": precision,
+        "dtypes": dict(dtypes),
+        "graphs": {name: {"file": g["file"], "inputs": list(g["inputs"]), "outputs": list(g["outputs"])}
+                   for name, g in graphs.items()},
+        "dims": dict(DIM_DOCS),
+        "profiles": suggest_profiles(graphs, max_tokens=max_tokens, max_seqs=max_seqs),
+        "profile_limits": {"max_tokens": max_tokens, "max_seqs": max_seqs},
+        "source": dict(source),
+        "opset": opset,
+        "interop": interop,
+    }
+
+
+def write_metadata(outdir: str | Path, meta: Mapping[str, Any]) -> Path:
+    path = Path(outdir) / SIDECAR_NAME
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+    return path
+
+
+def find_sidecar(path: str | Path) -> Path | None:
+    """The sidecar of an export folder (or the file itself), or None."""
+    p = Path(path)
+    if p.is_file() and p.name.endswith(".json"):
+        return p
+    cand = p / SIDECAR_NAME
+    return cand if cand.is_file() else None
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """Load and sanity-check a sidecar (a folder or the json file); raises :class:`MetadataError`."""
+    p = find_sidecar(path)
+    if p is None:
+        raise MetadataError(f"{path}: no {SIDECAR_NAME} here; is this a gdn-export output folder?")
+    try:
+        meta = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MetadataError(f"{p}: not readable JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise MetadataError(f"{p}: not a gdn-deploy export sidecar (format is {meta.get('format')!r})"
+                            if isinstance(meta, dict) else f"{p}: not a JSON object")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise MetadataError(f"{p}: format_version {meta.get('format_version')!r}, this gdn-deploy reads "
+                            f"{FORMAT_VERSION}; re-export the model")
+    for key in ("model", "graphs", "profiles", "precision"):
+        if key not in meta:
+            raise MetadataError(f"{p}: missing key {key!r}")
+    return meta
+
+
+def graph_names(meta: Mapping[str, Any]) -> Sequence[str]:
+    return list(meta["graphs"])

@@ -1,0 +1,154 @@
+"""CUDA implementations of the ``gdn`` torch ops, backed by ``libgdn_kernels.so`` (ctypes).
+
+Importing this package loads the library (``GDN_KERNELS_LIB``, else ``build/plugins_cpp/kernels/
+libgdn_kernels.so`` under the repository, else next to this package) and registers CUDA kernels
+for ``gdn::decode``, ``gdn::decode_pool_`` and, when the library was built with the prefill kernel,
+``gdn::prefill``. It raises ``ImportError`` with the reason when there is no CUDA device or no
+usable library (``gdn_deploy.ops`` then keeps the PyTorch reference for every device).
+
+Inputs are validated with :mod:`gdn_deploy.validate` (value checks, which sync with the device,
+only when the current stream is not capturing a CUDA graph), made contiguous, and outputs and
+the prefill workspace are allocated with torch's caching allocator: the ops are graph-capturable.
+Shapes the kernels do not support (head dims outside {64, 128, 256}) run the PyTorch reference.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import ops as _ops  # noqa: F401  (defines the custom ops before we register kernels)
+from .. import reference
+from ..spec import DECODE, PREFILL
+from ..validate import validate_decode, validate_prefill
+from . import launch
+from .library import GdnDecodeParams, GdnPrefillParams, find_library, load_library  # noqa: F401
+
+if not torch.cuda.is_available():
+    raise ImportError("gdn_deploy.kernels: no CUDA device (torch.cuda.is_available() is False)")
+
+LIB = load_library()
+LIB_PATH = find_library()
+HAS_PREFILL = bool(LIB.gdnKernelsHasPrefillC())
+PREFILL_UNAVAILABLE_REASON = "" if HAS_PREFILL else launch.prefill_supports(LIB, GdnPrefillParams())
+_fallback_warned: set[str] = set()
+
+
+def _checks_values() -> bool:
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _same_cuda_device(names: tuple[str, ...], tensors: tuple[Optional[Tensor], ...]) -> torch.device:
+    dev = tensors[0].device
+    for n, t in zip(names, tensors):
+        if t is not None and t.device != dev:
+            raise ValueError(f"{n}: on {t.device}, expected {dev} (all gdn inputs on one CUDA device)")
+    return dev
+
+
+def _c(t: Optional[Tensor]) -> Optional[Tensor]:
+    """Contiguous and 16-byte aligned (the kernels use vector loads); copies only when needed."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _fallback(op: str, why: str) -> None:
+    if op not in _fallback_warned:
+        _fallback_warned.add(op)
+        warnings.warn(f"gdn::{op}: CUDA kernel unavailable for these inputs ({why}); using the PyTorch reference",
+                      stacklevel=3)
+
+
+def _decode_common(q, k, v, g, beta, state, slots, A_log, dt_bias, attrs, state_out):
+    """Launch decode; returns o, or None when the kernel does not support the shapes."""
+    dev = _same_cuda_device(("q", "k", "v", "g", "beta", "state", "slots", "A_log", "dt_bias"),
+                            (q, k, v, g, beta, state, slots, A_log, dt_bias))
+    q, k, v, g, beta, slots, A_log, dt_bias = (_c(t) for t in (q, k, v, g, beta, slots, A_log, dt_bias))
+    o = torch.empty_like(v)
+    p = launch.decode_params(q, k, v, g, beta, state, state_out, o, slots, A_log, dt_bias,
+                             gate_mode=attrs["gate_mode"], use_qk_l2norm=attrs["use_qk_l2norm"],
+                             scale=attrs["scale"], l2norm_eps=attrs["l2norm_eps"], state_mode=attrs["state_mode"])
+    why = launch.decode_supports(LIB, p)
+    if why:
+        return None, why
+    with torch.cuda.device(dev):
+        launch.launch_decode(LIB, p, dev)
+    return o, ""
+
+
+def _decode_cuda(q, k, v, g, beta, state, A_log=None, dt_bias=None, gate_mode=0, use_qk_l2norm=0,
+                 scale=0.0, l2norm_eps=1e-6):
+    attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps,
+                         state_mode=0)
+    validate_decode(dict(q=q, k=k, v=v, g=g, beta=beta, state=state, A_log=A_log, dt_bias=dt_bias), attrs,
+                    check_values=_checks_values())
+    state = _c(state)
+    new = torch.empty_like(state)
+    o, why = _decode_common(q, k, v, g, beta, state, None, A_log, dt_bias, attrs, new)
+    if o is None:
+        _fallback("decode", why)
+        o, new = reference.decode_ref(q, k, v, g, beta, state, None, A_log, dt_bias, state_mode=0,
+                                      check_values=False, **{a: attrs[a] for a in _ATTRS4})
+        return o.contiguous(), new.contiguous()
+    return o, new
+
+
+def _decode_pool_cuda(q, k, v, g, beta, pool, slots, A_log=None, dt_bias=None, gate_mode=0, use_qk_l2norm=0,
+                      scale=0.0, l2norm_eps=1e-6):
+    attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps,
+                         state_mode=1)
+    validate_decode(dict(q=q, k=k, v=v, g=g, beta=beta, state=pool, slots=slots, A_log=A_log, dt_bias=dt_bias),
+                    attrs, check_values=_checks_values())
+    work = pool if pool.is_contiguous() and pool.data_ptr() % 16 == 0 else _c(pool)  # a copy here
+    o, why = _decode_common(q, k, v, g, beta, work, slots, A_log, dt_bias, attrs, work)
+    if o is None:
+        _fallback("decode_pool_", why)
+        o, new = reference.decode_ref(q, k, v, g, beta, pool, slots, A_log, dt_bias, state_mode=1,
+                                      check_values=False, **{a: attrs[a] for a in _ATTRS4})
+        used = slots.to(torch.long)
+        used = used[used >= 0]
+        pool.index_copy_(0, used, new.index_select(0, used).to(pool.dtype))
+        return o.contiguous()
+    if work is not pool:
+        pool.copy_(work)
+    return o
+
+
+def _prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bias=None, gate_mode=0,
+                  use_qk_l2norm=0, scale=0.0, l2norm_eps=1e-6):
+    attrs = PREFILL.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps)
+    validate_prefill(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
+                          A_log=A_log, dt_bias=dt_bias), attrs, check_values=_checks_values())
+    dev = _same_cuda_device(("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "A_log", "dt_bias"),
+                            (q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias))
+    q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias = (
+        _c(t) for t in (q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias))
+    o = torch.empty_like(v)
+    final = torch.empty_like(initial_state)
+    p = launch.prefill_params(q, k, v, g, beta, cu_seqlens, initial_state, o, final, A_log, dt_bias,
+                              **{a: attrs[a] for a in _ATTRS4})
+    why = launch.prefill_supports(LIB, p)
+    if why:
+        _fallback("prefill", why)
+        o, s = reference.prefill_ref(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias, form="chunked",
+                                     check_values=False, **{a: attrs[a] for a in _ATTRS4})
+        return o.contiguous(), s.contiguous()
+    nbytes = launch.prefill_workspace_bytes(LIB, p)
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None
+    with torch.cuda.device(dev):
+        launch.launch_prefill(LIB, p, ws, dev)
+    return o, final
+
+
+_ATTRS4 = ("gate_mode", "use_qk_l2norm", "scale", "l2norm_eps")
+
+torch.library.register_kernel("gdn::decode", "cuda", _decode_cuda)
+torch.library.register_kernel("gdn::decode_pool_", "cuda", _decode_pool_cuda)
+if HAS_PREFILL:
+    torch.library.register_kernel("gdn::prefill", "cuda", _prefill_cuda)
+
+__all__ = ["LIB", "LIB_PATH", "HAS_PREFILL", "PREFILL_UNAVAILABLE_REASON", "launch", "load_library"]

@@ -1,0 +1,101 @@
+"""Torch-facing launchers of the CUDA kernels (no validation here: see :mod:`gdn_deploy.kernels`).
+
+Each launcher fills a ctypes params struct from tensors the caller has already validated and
+made contiguous, enqueues on torch's current stream and raises ``RuntimeError`` naming the CUDA
+error on failure. No allocation and no host sync: usable under CUDA-graph capture.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .library import DTYPE_CODES, GdnDecodeParams, GdnPrefillParams, error_text
+
+_CODES = {torch.float32: DTYPE_CODES["float32"], torch.float16: DTYPE_CODES["float16"],
+          torch.bfloat16: DTYPE_CODES["bfloat16"]}
+
+
+def _ptr(t: Optional[Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def dtype_code(dt: torch.dtype) -> int:
+    try:
+        return _CODES[dt]
+    except KeyError:
+        raise ValueError(f"gdn kernels: dtype {dt} is not float32, float16 or bfloat16") from None
+
+
+def decode_params(q, k, v, g, beta, state_in, state_out, o, slots=None, A_log=None, dt_bias=None, *,
+                  gate_mode: int, use_qk_l2norm: int, scale: float, l2norm_eps: float,
+                  state_mode: int) -> GdnDecodeParams:
+    p = GdnDecodeParams()
+    p.B, p.Hk, p.K = q.shape
+    p.Hv, p.V = v.shape[1], v.shape[2]
+    p.P = state_in.shape[0]
+    p.ioType, p.gateType = dtype_code(q.dtype), dtype_code(g.dtype)
+    p.gateMode, p.useQkL2norm, p.stateMode = int(gate_mode), int(use_qk_l2norm), int(state_mode)
+    p.scale, p.l2normEps = float(scale), float(l2norm_eps)
+    p.q, p.k, p.v, p.g, p.beta = _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta)
+    p.stateIn, p.stateOut, p.o = _ptr(state_in), _ptr(state_out), _ptr(o)
+    p.slots, p.ALog, p.dtBias = _ptr(slots), _ptr(A_log), _ptr(dt_bias)
+    return p
+
+
+def decode_supports(lib: ctypes.CDLL, p: GdnDecodeParams) -> str:
+    return (lib.gdnDecodeSupportsC(ctypes.byref(p)) or b"").decode()
+
+
+def launch_decode(lib: ctypes.CDLL, p: GdnDecodeParams, device: torch.device, bv: int = 0) -> None:
+    """Enqueue the decode kernel; ``bv`` forces a V-tile (16/32/64), 0 lets the library choose."""
+    if bv:
+        rc = lib.gdnDecodeLaunchTiledC(ctypes.byref(p), ctypes.c_void_p(_stream(device)), int(bv))
+    else:
+        rc = lib.gdnDecodeLaunchC(ctypes.byref(p), ctypes.c_void_p(_stream(device)))
+    if rc < 0:
+        raise ValueError(f"gdn decode kernel: unsupported parameters: {decode_supports(lib, p)}")
+    if rc != 0:
+        raise RuntimeError(f"gdn decode kernel launch failed: {error_text(lib, rc)}")
+
+
+def prefill_params(q, k, v, g, beta, cu_seqlens, initial_state, o, final_state, A_log=None, dt_bias=None, *,
+                   gate_mode: int, use_qk_l2norm: int, scale: float, l2norm_eps: float) -> GdnPrefillParams:
+    p = GdnPrefillParams()
+    p.T, p.Hk, p.K = q.shape
+    p.Hv, p.V = v.shape[1], v.shape[2]
+    p.N = cu_seqlens.shape[0] - 1
+    p.ioType, p.gateType = dtype_code(q.dtype), dtype_code(g.dtype)
+    p.gateMode, p.useQkL2norm = int(gate_mode), int(use_qk_l2norm)
+    p.scale, p.l2normEps = float(scale), float(l2norm_eps)
+    p.q, p.k, p.v, p.g, p.beta = _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta)
+    p.cuSeqlens, p.initialState, p.o, p.finalState = _ptr(cu_seqlens), _ptr(initial_state), _ptr(o), _ptr(final_state)
+    p.ALog, p.dtBias = _ptr(A_log), _ptr(dt_bias)
+    return p
+
+
+def prefill_supports(lib: ctypes.CDLL, p: GdnPrefillParams) -> str:
+    return (lib.gdnPrefillSupportsC(ctypes.byref(p)) or b"").decode()
+
+
+def prefill_workspace_bytes(lib: ctypes.CDLL, p: GdnPrefillParams) -> int:
+    return int(lib.gdnPrefillWorkspaceSizeC(ctypes.byref(p)))
+
+
+def launch_prefill(lib: ctypes.CDLL, p: GdnPrefillParams, workspace: Optional[Tensor], device: torch.device) -> None:
+    """Enqueue the prefill kernel with a caller-allocated workspace (``prefill_workspace_bytes``)."""
+    p.workspace = _ptr(workspace)
+    p.workspaceBytes = 0 if workspace is None else workspace.numel() * workspace.element_size()
+    rc = lib.gdnPrefillLaunchC(ctypes.byref(p), ctypes.c_void_p(_stream(device)))
+    if rc == -2:
+        raise RuntimeError(f"gdn prefill kernel: {prefill_supports(lib, p)}")
+    if rc < 0:
+        raise ValueError(f"gdn prefill kernel: unsupported parameters: {prefill_supports(lib, p)}")
+    if rc != 0:
+        raise RuntimeError(f"gdn prefill kernel launch failed: {error_text(lib, rc)}")

@@ -1,0 +1,304 @@
+// GatedDeltaDecode: one token per sequence, float32 state [rows, Hv, K, V] read once and written once.
+//
+// Tiling: one CTA per (sequence b, value head h, V-tile of BV columns). Inside a CTA, VL = BV/4 lanes
+// run across V (each owns 4 consecutive columns: one 16-byte float4 per state row, coalesced rows)
+// and KG = NT/VL "K-groups" split the K rows (group kg owns rows kg, kg+KG, ...: R rows per thread).
+// Every thread keeps its R x 4 slice of S in registers between the load and the store.
+//
+// Math (one reduction pass instead of two): with a = exp(g), raw q, k and
+// rq = scale * (l2norm ? 1/sqrt(|q|^2+eps) : 1), rk = (l2norm ? 1/sqrt(|k|^2+eps) : 1),
+//   delta = beta * (v - a * rk * S^T k)
+//   S'    = a * S + (rk k) delta^T
+//   o     = S'^T (rq q) = rq * (a * S^T q + rk * (q.k) * delta)
+// so S^T k, S^T q, |q|^2, |k|^2 and q.k are all reduced over K from the OLD state in one pass
+// (in-thread over R rows, across the K-groups of a warp with shuffles, across warps in shared memory).
+#include "gdnCommon.cuh"
+#include "gdnKernels.h"
+
+#include <cstdint>
+
+namespace gdn
+{
+namespace
+{
+
+using namespace detail;
+
+constexpr int kMaxThreads = 256;
+
+template <int K, int BV>
+struct DecodeTile
+{
+    static constexpr int VL = BV / 4;                                           // lanes across V
+    static constexpr int NT = (K * VL / 4) < kMaxThreads ? (K * VL / 4) : kMaxThreads;  // threads
+    static constexpr int KG = NT / VL;                                          // K-groups
+    static constexpr int R = K / KG;                                            // rows per thread
+    static constexpr int NW = NT / 32;                                          // warps
+    static constexpr int NRED = 12;                                             // reduced values (11 used)
+    static_assert(VL >= 1 && VL <= 32 && (32 % VL) == 0, "BV/4 must divide 32");
+    static_assert(NT % 32 == 0 && NT >= 32, "whole warps");
+    static_assert(K % KG == 0 && R >= 1, "rows split evenly");
+};
+
+template <typename T, int K, int BV>
+__global__ void __launch_bounds__(DecodeTile<K, BV>::NT) gdnDecodeKernel(GdnDecodeParams const p)
+{
+    using Tile = DecodeTile<K, BV>;
+    constexpr int VL = Tile::VL, KG = Tile::KG, R = Tile::R, NW = Tile::NW, NRED = Tile::NRED;
+    __shared__ __align__(16) float red[NW][VL][NRED];
+
+    int const V = p.V;
+    int const nvt = V / BV;
+    int const blk = blockIdx.x;
+    int const vt = blk % nvt;
+    int const bh = blk / nvt;
+    int const h = bh % p.Hv;
+    int const b = bh / p.Hv;
+    int const hk = h / (p.Hv / p.Hk);
+
+    int const tid = threadIdx.x;
+    int const vl = tid % VL;
+    int const kg = tid / VL;
+    int const col = vt * BV + vl * 4;
+
+    T* o = static_cast<T*>(p.o);
+    int64_t const oOff = (static_cast<int64_t>(b) * p.Hv + h) * V + col;
+
+    // q, k, v and the gates do not depend on the state row: issue them first (in pool mode they are in
+    // flight while the slot is read, which would otherwise add a dependent round trip before the state).
+    T const* qp = static_cast<T const*>(p.q) + (static_cast<int64_t>(b) * p.Hk + hk) * K;
+    T const* kp = static_cast<T const*>(p.k) + (static_cast<int64_t>(b) * p.Hk + hk) * K;
+    float qr[R], kr[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+    {
+        qr[i] = loadF(qp, kg + i * KG);
+        kr[i] = loadF(kp, kg + i * KG);
+    }
+    float vv[4];
+    load4(static_cast<T const*>(p.v), oOff, vv);
+    int64_t const gi = static_cast<int64_t>(b) * p.Hv + h;
+    float const gIn = loadAny(p.g, p.gateType, gi);
+    float const bIn = loadAny(p.beta, p.gateType, gi);
+
+    int64_t row = b;
+    if (p.stateMode == 1)
+    {
+        int const slot = p.slots[b];
+        if (slot < 0)  // skipped sequence: o = 0, pool untouched (uniform across the CTA)
+        {
+            if (kg == 0)
+            {
+                float const z[4] = {0.f, 0.f, 0.f, 0.f};
+                store4(o, oOff, z);
+            }
+            return;
+        }
+        row = slot;
+    }
+
+    // The R state rows of this thread: all loads issued before the first use.
+    int64_t const sOff = (row * p.Hv + h) * static_cast<int64_t>(K) * V + col;
+    float S[R][4];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        load4(p.stateIn, sOff + static_cast<int64_t>(kg + i * KG) * V, S[i]);
+
+    // Partial reductions over this thread's rows.
+    float acc[11];
+#pragma unroll
+    for (int j = 0; j < 11; ++j)
+        acc[j] = 0.f;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+    {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            acc[j] = fmaf(S[i][j], kr[i], acc[j]);      // S^T k
+            acc[4 + j] = fmaf(S[i][j], qr[i], acc[4 + j]);  // S^T q
+        }
+        acc[8] = fmaf(qr[i], qr[i], acc[8]);   // |q|^2
+        acc[9] = fmaf(kr[i], kr[i], acc[9]);   // |k|^2
+        acc[10] = fmaf(qr[i], kr[i], acc[10]); // q.k
+    }
+    // Across the K-groups of this warp (lanes sharing lane % VL).
+#pragma unroll
+    for (int j = 0; j < 11; ++j)
+        acc[j] = warpSumStrided<VL>(acc[j]);
+    int const warp = tid / 32;
+    int const lane = tid % 32;
+    if (lane < VL)
+    {
+#pragma unroll
+        for (int j = 0; j < 11; ++j)
+            red[warp][vl][j] = acc[j];
+        red[warp][vl][11] = 0.f;
+    }
+    __syncthreads();
+    float tot[12];
+#pragma unroll
+    for (int j = 0; j < 12; ++j)
+        tot[j] = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+    {
+#pragma unroll
+        for (int j = 0; j < 12; j += 4)
+        {
+            float4 const x = *reinterpret_cast<float4 const*>(&red[w][vl][j]);
+            tot[j] += x.x;
+            tot[j + 1] += x.y;
+            tot[j + 2] += x.z;
+            tot[j + 3] += x.w;
+        }
+    }
+
+    Gate const gt = computeGate(p.gateMode, gIn, bIn, p.ALog, p.dtBias, h);
+    float const a = expf(gt.g);
+    float const rk = p.useQkL2norm ? rsqrtf(tot[9] + p.l2normEps) : 1.f;
+    float const rq = effectiveScale(p.scale, K) * (p.useQkL2norm ? rsqrtf(tot[8] + p.l2normEps) : 1.f);
+    float delta[4], out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+    {
+        delta[j] = gt.beta * (vv[j] - a * rk * tot[j]);
+        out[j] = rq * (a * tot[4 + j] + rk * tot[10] * delta[j]);
+    }
+    if (kg == 0)
+        store4(o, oOff, out);
+
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+    {
+        float const kn = kr[i] * rk;
+        float ns[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            ns[j] = fmaf(a, S[i][j], kn * delta[j]);
+        store4(p.stateOut, sOff + static_cast<int64_t>(kg + i * KG) * V, ns);
+    }
+}
+
+template <typename T, int K, int BV>
+cudaError_t launchTile(GdnDecodeParams const& p, cudaStream_t stream)
+{
+    using Tile = DecodeTile<K, BV>;
+    int64_t const blocks = static_cast<int64_t>(p.B) * p.Hv * (p.V / BV);
+    if (blocks > 0x7fffffffLL)
+        return cudaErrorInvalidConfiguration;
+    gdnDecodeKernel<T, K, BV><<<static_cast<unsigned>(blocks), Tile::NT, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename T, int BV>
+cudaError_t launchK(GdnDecodeParams const& p, cudaStream_t stream)
+{
+    switch (p.K)
+    {
+    case 64: return launchTile<T, 64, BV>(p, stream);
+    case 128: return launchTile<T, 128, BV>(p, stream);
+    case 256: return launchTile<T, 256, BV>(p, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+bool aligned(void const* ptr, uintptr_t n)
+{
+    return (reinterpret_cast<uintptr_t>(ptr) % n) == 0;
+}
+
+bool isHeadDim(int d)
+{
+    return d == 64 || d == 128 || d == 256;
+}
+
+// Multiprocessor count of the current device (cached; a query, not a stream operation: capture-safe).
+int smCount()
+{
+    static int cached[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 132;
+    if (cached[dev] == 0)
+    {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+            n = 132;
+        cached[dev] = n;
+    }
+    return cached[dev];
+}
+
+} // namespace
+
+char const* gdnDecodeSupports(GdnDecodeParams const& p)
+{
+    if (p.B < 0 || p.P < 0 || p.Hk <= 0 || p.Hv <= 0)
+        return "decode: B, P must be >= 0 and Hk, Hv > 0";
+    if (p.Hv % p.Hk != 0)
+        return "decode: Hv must be a multiple of Hk (grouped value attention)";
+    if (!isHeadDim(p.K) || !isHeadDim(p.V))
+        return "decode: the CUDA kernel supports head dims K, V in {64, 128, 256} only";
+    if (!detail::isValidDType(p.ioType) || !detail::isValidDType(p.gateType))
+        return "decode: ioType and gateType must be float32, float16 or bfloat16";
+    if (p.gateMode != 0 && p.gateMode != 1)
+        return "decode: gateMode must be 0 or 1";
+    if (p.useQkL2norm != 0 && p.useQkL2norm != 1)
+        return "decode: useQkL2norm must be 0 or 1";
+    if (p.stateMode != 0 && p.stateMode != 1)
+        return "decode: stateMode must be 0 or 1";
+    if (p.stateMode == 0 && p.P != p.B)
+        return "decode: stateMode 0 needs P == B (one state row per sequence)";
+    if (!(p.scale >= 0.f) || !(p.l2normEps > 0.f))
+        return "decode: scale must be >= 0 and l2normEps > 0";
+    if (p.B == 0)
+        return "";
+    if (!p.q || !p.k || !p.v || !p.g || !p.beta || !p.o || !p.stateIn || !p.stateOut)
+        return "decode: q, k, v, g, beta, o, stateIn and stateOut must be non-null";
+    if (p.stateMode == 1 && !p.slots)
+        return "decode: stateMode 1 needs slots";
+    if (p.gateMode == 1 && (!p.ALog || !p.dtBias))
+        return "decode: gateMode 1 needs ALog and dtBias";
+    uintptr_t const ioAlign = p.ioType == DType::kFloat32 ? 16 : 8;
+    if (!aligned(p.v, ioAlign) || !aligned(p.o, ioAlign))
+        return "decode: v and o must be 16-byte (float32) / 8-byte (16-bit) aligned";
+    if (!aligned(p.stateIn, 16) || !aligned(p.stateOut, 16))
+        return "decode: stateIn and stateOut must be 16-byte aligned";
+    if (!aligned(p.q, detail::dtypeBytes(p.ioType)) || !aligned(p.k, detail::dtypeBytes(p.ioType)))
+        return "decode: q and k must be aligned to their element size";
+    return "";
+}
+
+// Launch with an explicit V-tile (8, 16, 32 or 64 columns); bv <= 0 picks one (see launchGdnDecode).
+cudaError_t launchGdnDecodeTiled(GdnDecodeParams const& p, cudaStream_t stream, int bv)
+{
+    if (gdnDecodeSupports(p)[0] != '\0')
+        return cudaErrorInvalidValue;
+    if (p.B == 0)
+        return cudaSuccess;
+    if (bv <= 0)
+    {
+        // BV = 32 (128-byte row segments) when that already gives >= 2 CTAs per SM; otherwise split V
+        // finer so that small batches (B = 1: Hv * V / 16 CTAs) still spread over the whole chip.
+        int64_t const ctas32 = static_cast<int64_t>(p.B) * p.Hv * (p.V / 32);
+        bv = ctas32 >= 2LL * smCount() ? 32 : 16;
+    }
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (bv)
+    {
+    case 8: GDN_DISPATCH_DTYPE(p.ioType, T, err = (launchK<T, 8>(p, stream))); break;
+    case 16: GDN_DISPATCH_DTYPE(p.ioType, T, err = (launchK<T, 16>(p, stream))); break;
+    case 32: GDN_DISPATCH_DTYPE(p.ioType, T, err = (launchK<T, 32>(p, stream))); break;
+    case 64: GDN_DISPATCH_DTYPE(p.ioType, T, err = (launchK<T, 64>(p, stream))); break;
+    default: break;
+    }
+    return err;
+}
+
+cudaError_t launchGdnDecode(GdnDecodeParams const& p, cudaStream_t stream)
+{
+    return launchGdnDecodeTiled(p, stream, 0);
+}
+
+} // namespace gdn

@@ -1,0 +1,126 @@
+// extern "C" wrappers of gdnKernels.h for ctypes callers (gdn_deploy/kernels), plus a few helpers
+// the binding uses: CUDA error names, whether the prefill kernel was built, and the byte layout of
+// the params structs (so the Python ctypes mirrors can be checked against the compiler's layout).
+#include "gdnKernels.h"
+
+#include <cstddef>
+#include <cuda_runtime.h>
+
+#ifndef GDN_HAVE_PREFILL
+#define GDN_HAVE_PREFILL 0
+#endif
+
+namespace gdn
+{
+// gdnDecode.cu: launch with an explicit V-tile (8/16/32/64; <= 0 picks one). For benchmarks/tests.
+cudaError_t launchGdnDecodeTiled(GdnDecodeParams const& p, cudaStream_t stream, int bv);
+} // namespace gdn
+
+namespace
+{
+constexpr int kUnsupported = -1;   // params rejected by gdn*Supports
+constexpr int kNotBuilt = -2;      // the kernel was not compiled into this library
+char const* const kPrefillMissing
+    = "prefill: the CUDA prefill kernel is not built into this library (gdnPrefill.cu absent at build time, or GDN_SKIP_PREFILL=ON)";
+} // namespace
+
+extern "C"
+{
+    int gdnDecodeLaunchC(gdn::GdnDecodeParams const* p, void* stream)
+    {
+        if (p == nullptr || gdn::gdnDecodeSupports(*p)[0] != '\0')
+            return kUnsupported;
+        return static_cast<int>(gdn::launchGdnDecode(*p, static_cast<cudaStream_t>(stream)));
+    }
+
+    char const* gdnDecodeSupportsC(gdn::GdnDecodeParams const* p)
+    {
+        return p == nullptr ? "decode: null params" : gdn::gdnDecodeSupports(*p);
+    }
+
+    int gdnDecodeLaunchTiledC(gdn::GdnDecodeParams const* p, void* stream, int bv)
+    {
+        if (p == nullptr || gdn::gdnDecodeSupports(*p)[0] != '\0')
+            return kUnsupported;
+        return static_cast<int>(gdn::launchGdnDecodeTiled(*p, static_cast<cudaStream_t>(stream), bv));
+    }
+
+    int gdnKernelsHasPrefillC()
+    {
+        return GDN_HAVE_PREFILL;
+    }
+
+#if GDN_HAVE_PREFILL
+    int gdnPrefillLaunchC(gdn::GdnPrefillParams const* p, void* stream)
+    {
+        if (p == nullptr || gdn::gdnPrefillSupports(*p)[0] != '\0')
+            return kUnsupported;
+        return static_cast<int>(gdn::launchGdnPrefill(*p, static_cast<cudaStream_t>(stream)));
+    }
+
+    size_t gdnPrefillWorkspaceSizeC(gdn::GdnPrefillParams const* p)
+    {
+        return p == nullptr ? 0 : gdn::gdnPrefillWorkspaceSize(*p);
+    }
+
+    char const* gdnPrefillSupportsC(gdn::GdnPrefillParams const* p)
+    {
+        return p == nullptr ? "prefill: null params" : gdn::gdnPrefillSupports(*p);
+    }
+#else
+    int gdnPrefillLaunchC(gdn::GdnPrefillParams const*, void*)
+    {
+        return kNotBuilt;
+    }
+
+    size_t gdnPrefillWorkspaceSizeC(gdn::GdnPrefillParams const*)
+    {
+        return 0;
+    }
+
+    char const* gdnPrefillSupportsC(gdn::GdnPrefillParams const*)
+    {
+        return kPrefillMissing;
+    }
+#endif
+
+    char const* gdnCudaErrorNameC(int err)
+    {
+        return cudaGetErrorName(static_cast<cudaError_t>(err));
+    }
+
+    char const* gdnCudaErrorStringC(int err)
+    {
+        return cudaGetErrorString(static_cast<cudaError_t>(err));
+    }
+
+    // Byte layout of a params struct: out[0] = sizeof, out[1..] = offsetof of each field in
+    // declaration order. which: 0 = GdnPrefillParams, 1 = GdnDecodeParams. Returns the entries
+    // written (or needed when cap is too small), -1 for an unknown `which`.
+    int gdnParamsLayoutC(int which, size_t* out, int cap)
+    {
+#define GDN_OFF(S, f) offsetof(S, f)
+        using P = gdn::GdnPrefillParams;
+        using D = gdn::GdnDecodeParams;
+        size_t const prefill[] = {sizeof(P), GDN_OFF(P, T), GDN_OFF(P, N), GDN_OFF(P, Hk), GDN_OFF(P, Hv),
+            GDN_OFF(P, K), GDN_OFF(P, V), GDN_OFF(P, ioType), GDN_OFF(P, gateType), GDN_OFF(P, gateMode),
+            GDN_OFF(P, useQkL2norm), GDN_OFF(P, scale), GDN_OFF(P, l2normEps), GDN_OFF(P, q), GDN_OFF(P, k),
+            GDN_OFF(P, v), GDN_OFF(P, g), GDN_OFF(P, beta), GDN_OFF(P, cuSeqlens), GDN_OFF(P, initialState),
+            GDN_OFF(P, ALog), GDN_OFF(P, dtBias), GDN_OFF(P, o), GDN_OFF(P, finalState), GDN_OFF(P, workspace),
+            GDN_OFF(P, workspaceBytes)};
+        size_t const decode[] = {sizeof(D), GDN_OFF(D, B), GDN_OFF(D, P), GDN_OFF(D, Hk), GDN_OFF(D, Hv),
+            GDN_OFF(D, K), GDN_OFF(D, V), GDN_OFF(D, ioType), GDN_OFF(D, gateType), GDN_OFF(D, gateMode),
+            GDN_OFF(D, useQkL2norm), GDN_OFF(D, stateMode), GDN_OFF(D, scale), GDN_OFF(D, l2normEps),
+            GDN_OFF(D, q), GDN_OFF(D, k), GDN_OFF(D, v), GDN_OFF(D, g), GDN_OFF(D, beta), GDN_OFF(D, stateIn),
+            GDN_OFF(D, stateOut), GDN_OFF(D, slots), GDN_OFF(D, ALog), GDN_OFF(D, dtBias), GDN_OFF(D, o)};
+#undef GDN_OFF
+        size_t const* src = which == 0 ? prefill : which == 1 ? decode : nullptr;
+        int const n = which == 0 ? static_cast<int>(sizeof(prefill) / sizeof(size_t))
+                                 : static_cast<int>(sizeof(decode) / sizeof(size_t));
+        if (src == nullptr)
+            return -1;
+        for (int i = 0; i < n && i < cap && out != nullptr; ++i)
+            out[i] = src[i];
+        return n;
+    }
+}

@@ -1,0 +1,312 @@
+// GatedDeltaPrefill: launchGdnPrefill, gdnPrefillSupports, gdnPrefillWorkspaceSize (gdnKernels.h).
+//
+// 16-bit I/O (bf16, fp16): the chunked WY/UT form on tensor cores (gdnPrefillChunked.cuh): a prep
+// kernel over all (chunk, head) pairs, then a scan kernel per (sequence, head, V-tile).
+// fp32 I/O: an exact fp32 token-by-token kernel (plain FMA; 1e-4 against fp64 rules out bf16/tf32
+// tensor cores), one warp lane group per value column with its K-slice of S in registers.
+// Nothing here reads cu_seqlens on the host, synchronises or allocates: CUDA-graph capturable.
+#include "gdnCommon.cuh"
+#include "gdnKernels.h"
+#include "gdnPrefillChunked.cuh"
+
+#include <cstdint>
+
+namespace gdn
+{
+namespace
+{
+
+using namespace detail;
+using prefill_chunked::ChunkWs;
+using prefill_chunked::kC;
+
+// ---------------------------------------------------------------------------------------------
+// fp32 I/O: recurrent kernel. 128 threads; LPV = K/64 lanes per value column, each holding 64 rows
+// of S (rows interleaved in float4 groups so the LPV lanes read distinct banks).
+// ---------------------------------------------------------------------------------------------
+constexpr int kRecTT = 16;  // tokens staged in shared memory per step
+
+template <int K>
+struct RecTile
+{
+    static constexpr int LPV = K / 64, VPW = 32 / LPV, VB = 4 * VPW;
+};
+
+template <int K>
+__global__ void __launch_bounds__(128) gdnPrefillRecurrentKernel(GdnPrefillParams const p)
+{
+    constexpr int LPV = RecTile<K>::LPV, VPW = RecTile<K>::VPW, VB = RecTile<K>::VB;
+    __shared__ __align__(16) float qs[kRecTT][K];
+    __shared__ __align__(16) float ks[kRecTT][K];
+    __shared__ float vs[kRecTT][VB];
+    __shared__ float gs[kRecTT], bs[kRecTT];
+    int const n = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
+    int const vloc = warp * VPW + lane / LPV, kp = lane % LPV;
+    int const v = blockIdx.z * VB + vloc;
+    bool const active = v < V;
+    int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
+    float const scale = effectiveScale(p.scale, K);
+    float const* q = static_cast<float const*>(p.q);
+    float const* k = static_cast<float const*>(p.k);
+    float const* vin = static_cast<float const*>(p.v);
+    float* o = static_cast<float*>(p.o);
+
+    auto rowOf = [&](int r) { return ((r >> 2) * LPV + kp) * 4 + (r & 3); };
+    float S[64];
+    int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
+#pragma unroll
+    for (int r = 0; r < 64; ++r)
+        S[r] = (active && p.initialState) ? p.initialState[sbase + (int64_t)rowOf(r) * V + v] : 0.f;
+
+    for (int t0 = 0; t0 < L; t0 += kRecTT)
+    {
+        int const nt = min(kRecTT, L - t0);
+        __syncthreads();
+        for (int i = tid; i < nt * K; i += 128)
+        {
+            int const r = i / K, cc = i % K;
+            int64_t const off = ((int64_t)(bos + t0 + r) * p.Hk + hk) * K + cc;
+            qs[r][cc] = q[off];
+            ks[r][cc] = k[off];
+        }
+        for (int i = tid; i < nt * VB; i += 128)
+        {
+            int const r = i / VB, cc = i % VB, vv = blockIdx.z * VB + cc;
+            vs[r][cc] = vv < V ? vin[((int64_t)(bos + t0 + r) * Hv + h) * V + vv] : 0.f;
+        }
+        if (tid < nt)
+        {
+            int64_t const gi = (int64_t)(bos + t0 + tid) * Hv + h;
+            Gate const gt = computeGate(
+                p.gateMode, loadAny(p.g, p.gateType, gi), loadAny(p.beta, p.gateType, gi), p.ALog, p.dtBias, h);
+            gs[tid] = gt.g;
+            bs[tid] = gt.beta;
+        }
+        __syncthreads();
+        for (int r = warp; r < nt; r += 4)
+        {
+            float sq = 0.f, sk = 0.f;
+            for (int cc = lane; cc < K; cc += 32)
+            {
+                sq += qs[r][cc] * qs[r][cc];
+                sk += ks[r][cc] * ks[r][cc];
+            }
+            sq = warpSum(sq);
+            sk = warpSum(sk);
+            float const fq = scale * (p.useQkL2norm ? rsqrtf(sq + p.l2normEps) : 1.f);
+            float const fk = p.useQkL2norm ? rsqrtf(sk + p.l2normEps) : 1.f;
+            __syncwarp();
+            for (int cc = lane; cc < K; cc += 32)
+            {
+                qs[r][cc] *= fq;
+                ks[r][cc] *= fk;
+            }
+        }
+        __syncthreads();
+        for (int r = 0; r < nt; ++r)
+        {
+            float const a = expf(gs[r]);
+            float kv = 0.f;
+#pragma unroll
+            for (int f = 0; f < 16; ++f)
+            {
+                float4 const kk = *reinterpret_cast<float4 const*>(&ks[r][(f * LPV + kp) * 4]);
+                S[4 * f] *= a;
+                S[4 * f + 1] *= a;
+                S[4 * f + 2] *= a;
+                S[4 * f + 3] *= a;
+                kv = fmaf(S[4 * f], kk.x, kv);
+                kv = fmaf(S[4 * f + 1], kk.y, kv);
+                kv = fmaf(S[4 * f + 2], kk.z, kv);
+                kv = fmaf(S[4 * f + 3], kk.w, kv);
+            }
+#pragma unroll
+            for (int m = 1; m < LPV; m <<= 1)
+                kv += __shfl_xor_sync(0xffffffffu, kv, m);
+            float const delta = bs[r] * (vs[r][vloc] - kv);
+            float ov = 0.f;
+#pragma unroll
+            for (int f = 0; f < 16; ++f)
+            {
+                float4 const kk = *reinterpret_cast<float4 const*>(&ks[r][(f * LPV + kp) * 4]);
+                float4 const qq = *reinterpret_cast<float4 const*>(&qs[r][(f * LPV + kp) * 4]);
+                S[4 * f] = fmaf(kk.x, delta, S[4 * f]);
+                S[4 * f + 1] = fmaf(kk.y, delta, S[4 * f + 1]);
+                S[4 * f + 2] = fmaf(kk.z, delta, S[4 * f + 2]);
+                S[4 * f + 3] = fmaf(kk.w, delta, S[4 * f + 3]);
+                ov = fmaf(S[4 * f], qq.x, ov);
+                ov = fmaf(S[4 * f + 1], qq.y, ov);
+                ov = fmaf(S[4 * f + 2], qq.z, ov);
+                ov = fmaf(S[4 * f + 3], qq.w, ov);
+            }
+#pragma unroll
+            for (int m = 1; m < LPV; m <<= 1)
+                ov += __shfl_xor_sync(0xffffffffu, ov, m);
+            if (active && kp == 0)
+                o[((int64_t)(bos + t0 + r) * Hv + h) * V + v] = ov;
+        }
+    }
+    if (active)
+    {
+#pragma unroll
+        for (int r = 0; r < 64; ++r)
+            p.finalState[sbase + (int64_t)rowOf(r) * V + v] = S[r];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// host side
+// ---------------------------------------------------------------------------------------------
+size_t alignUp(size_t x)
+{
+    return (x + 255) & ~size_t(255);
+}
+
+struct WsLayout
+{
+    size_t aqk = 0, tm = 0, gq = 0, total = 0;
+};
+
+WsLayout wsLayout(GdnPrefillParams const& p)
+{
+    WsLayout w;
+    if (p.ioType == DType::kFloat32)
+        return w;  // the fp32 path needs no scratch
+    size_t const slots = (size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hv);
+    size_t const mat = alignUp(slots * kC * kC * 2);
+    w.aqk = 0;
+    w.tm = mat;
+    w.gq = 2 * mat;
+    w.total = 2 * mat + alignUp(slots * 3 * kC * sizeof(float));
+    return w;
+}
+
+bool isHeadDim(int d)
+{
+    return d == 64 || d == 128 || d == 256;
+}
+
+template <typename T, int K>
+cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cudaStream_t stream)
+{
+    int const ids = p.T / kC + p.N;
+    {
+        auto kern = prefill_chunked::gdnPrefillPrepKernel<T, K>;
+        int const smem = sizeof(prefill_chunked::PrepSmem<T, K>);
+        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kern<<<dim3(ids, p.Hv), 128, smem, stream>>>(p, ws);
+        GDN_CUDA_TRY(cudaGetLastError());
+    }
+    auto scan = [&](auto kern, int smem, int vt) -> cudaError_t
+    {
+        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kern<<<dim3(p.N, p.Hv, p.V / vt), (vt / 16) * 32, smem, stream>>>(p, ws);
+        return cudaGetLastError();
+    };
+    if (nw == 4)
+        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>,
+            int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64);
+    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
+}
+
+template <int K>
+cudaError_t launchRecurrent(GdnPrefillParams const& p, cudaStream_t stream)
+{
+    constexpr int VB = RecTile<K>::VB;
+    gdnPrefillRecurrentKernel<K><<<dim3(p.N, p.Hv, (p.V + VB - 1) / VB), 128, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cudaStream_t stream)
+{
+#define GDN_PREFILL_K(KK)                                                                                              \
+    if (p.K == KK)                                                                                                     \
+    {                                                                                                                  \
+        if (p.ioType == DType::kBFloat16)                                                                              \
+            return launchChunked<__nv_bfloat16, KK>(p, ws, nw, stream);                                                \
+        if (p.ioType == DType::kFloat16)                                                                               \
+            return launchChunked<__half, KK>(p, ws, nw, stream);                                                       \
+        return launchRecurrent<KK>(p, stream);                                                                         \
+    }
+    GDN_PREFILL_K(64)
+    GDN_PREFILL_K(128)
+    GDN_PREFILL_K(256)
+#undef GDN_PREFILL_K
+    return cudaErrorInvalidValue;
+}
+
+// Warps per scan CTA (V-tile = 16 * warps): 4 when that still gives every SM a CTA, else 2.
+int pickScanWarps(GdnPrefillParams const& p)
+{
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)
+        != cudaSuccess)
+        sms = 132;
+    long const ctas4 = long(p.N) * p.Hv * (p.V / 64);
+    return ctas4 >= sms ? 4 : 2;
+}
+
+} // namespace
+
+char const* gdnPrefillSupports(GdnPrefillParams const& p)
+{
+    if (!isValidDType(p.ioType))
+        return "prefill: ioType must be float32, float16 or bfloat16";
+    if (!isValidDType(p.gateType))
+        return "prefill: gateType must be float32, float16 or bfloat16";
+    if (!isHeadDim(p.K))
+        return "prefill: the CUDA kernel supports head dim K in {64, 128, 256} only";
+    if (!isHeadDim(p.V))
+        return "prefill: the CUDA kernel supports head dim V in {64, 128, 256} only";
+    if (p.Hk <= 0 || p.Hv <= 0 || p.Hv % p.Hk != 0)
+        return "prefill: heads need Hk > 0 and Hv a multiple of Hk (grouped value attention)";
+    if (p.T < 0 || p.N < 0)
+        return "prefill: T and N must be >= 0";
+    if (p.gateMode != 0 && p.gateMode != 1)
+        return "prefill: gateMode must be 0 (precomputed g, beta) or 1 (raw a, b)";
+    if (p.gateMode == 1 && (p.ALog == nullptr || p.dtBias == nullptr))
+        return "prefill: gateMode 1 needs ALog and dtBias";
+    if (p.N > 0 && (p.cuSeqlens == nullptr || p.finalState == nullptr))
+        return "prefill: cuSeqlens and finalState are required";
+    if (p.T > 0 && (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.g == nullptr || p.beta == nullptr
+                       || p.o == nullptr))
+        return "prefill: q, k, v, g, beta and o are required when T > 0";
+    return "";
+}
+
+size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
+{
+    return wsLayout(p).total;
+}
+
+// nw: warps per scan CTA (2 or 4); <= 0 picks one. Exposed for tests and benchmarks.
+cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int nw)
+{
+    if (gdnPrefillSupports(p)[0] != '\0')
+        return cudaErrorInvalidValue;
+    if (p.N == 0)
+        return cudaSuccess;
+    WsLayout const w = wsLayout(p);
+    if (w.total > 0 && (p.workspace == nullptr || p.workspaceBytes < w.total))
+        return cudaErrorInvalidValue;
+    char* base = static_cast<char*>(p.workspace);
+    ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq)};
+    if (nw != 2 && nw != 4)
+        nw = pickScanWarps(p);
+    return dispatchK(p, ws, nw, stream);
+}
+
+cudaError_t launchGdnPrefill(GdnPrefillParams const& p, cudaStream_t stream)
+{
+    return launchGdnPrefillTuned(p, stream, 0);
+}
+
+} // namespace gdn
+
+extern "C" int gdnPrefillLaunchTunedC(gdn::GdnPrefillParams const* p, void* stream, int nw)
+{
+    if (p == nullptr || gdn::gdnPrefillSupports(*p)[0] != '\0')
+        return -1;
+    return static_cast<int>(gdn::launchGdnPrefillTuned(*p, static_cast<cudaStream_t>(stream), nw));
+}

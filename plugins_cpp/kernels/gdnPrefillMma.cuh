@@ -1,0 +1,148 @@
+// Warp-level tensor-core helpers for the chunked prefill (sm_80+ mma.sync m16n8k16, ldmatrix,
+// cp.async). Private to gdnPrefill.cu. Fragment layouts (PTX ISA, m16n8k16, g = lane/4, q = lane%4):
+//   A (16x16, row): a0 (g, 2q..2q+1)  a1 (g+8, 2q..)  a2 (g, 2q+8..)  a3 (g+8, 2q+8..)
+//   B (16x8, col) : b0 (k=2q..2q+1, n=g)  b1 (k=2q+8.., n=g)
+//   C (16x8)      : c0,c1 (g, 2q..2q+1)   c2,c3 (g+8, 2q..2q+1)
+// so the C fragments of two neighbouring n8 tiles are exactly the A fragment of one k16 step
+// (the accumulator of one product feeds the next product without leaving registers).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+namespace gdn
+{
+namespace prefill_mma
+{
+
+__device__ __forceinline__ uint32_t smemAddr(void const* p)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async global->shared copy; srcBytes < 16 zero-fills the rest (0: pure zero fill, no read).
+__device__ __forceinline__ void cpAsync16(void* smem, void const* gmem, int srcBytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddr(smem)), "l"(gmem), "r"(srcBytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cpAsync16(uint32_t smem, void const* gmem, int srcBytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(srcBytes) : "memory");
+}
+__device__ __forceinline__ void cpAsyncCommit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cpAsyncWaitAll()
+{
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldsmX4(uint32_t (&r)[4], void const* p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smemAddr(p)));
+}
+__device__ __forceinline__ void ldsmX4T(uint32_t (&r)[4], void const* p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smemAddr(p)));
+}
+
+// Same with a shared-memory (u32) address, so callers can add compile-time byte offsets.
+__device__ __forceinline__ void ldsmX4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsmX4T(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// Per-lane byte offsets of the ldsmRowsNK / ldsmRowsKN patterns (element size 2, row stride in elements);
+// tile (j|m, kk) then adds the compile-time 2 * (16 j * stride + 16 kk) or 2 * (16 kk * stride + 16 m).
+__device__ __forceinline__ uint32_t ldsmLaneNK(int stride, int lane)
+{
+    return 2u * ((((lane >> 4) << 3) + (lane & 7)) * stride + (((lane >> 3) & 1) << 3));
+}
+__device__ __forceinline__ uint32_t ldsmLaneKN(int stride, int lane)
+{
+    return 2u * (((((lane >> 3) & 1) << 3) + (lane & 7)) * stride + ((lane >> 4) << 3));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// d += a * b  (fp32 accumulate; T = __nv_bfloat16 or __half operands)
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment of k16 step `kk` from fp32 accumulators acc[n8 tile][4] (two n8 tiles per k16 step).
+template <typename T, int NT>
+__device__ __forceinline__ void accToA(uint32_t (&a)[4], float const (&acc)[NT][4], int kk)
+{
+    a[0] = pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
+    a[1] = pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
+    a[2] = pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[3] = pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+// Lane address for ldmatrix.x4 (non-trans) giving the B fragments of n8 tiles (2j, 2j+1) at k16
+// step kk, from a row-major [n][k] tile: r[0],r[1] -> tile 2j; r[2],r[3] -> tile 2j+1.
+template <typename T>
+__device__ __forceinline__ T const* ldsmRowsNK(T const* base, int stride, int j, int kk, int lane)
+{
+    int const row = 16 * j + ((lane >> 4) << 3) + (lane & 7);
+    int const col = 16 * kk + (((lane >> 3) & 1) << 3);
+    return base + row * stride + col;
+}
+
+// Lane address for ldmatrix.x4.trans giving the B fragments of n8 tiles (2m, 2m+1) at k16 step kk
+// from a row-major [k][n] tile (B[k][n] = tile[k][n]).
+template <typename T>
+__device__ __forceinline__ T const* ldsmRowsKN(T const* base, int stride, int m, int kk, int lane)
+{
+    int const row = 16 * kk + (((lane >> 3) & 1) << 3) + (lane & 7);
+    int const col = 16 * m + ((lane >> 4) << 3);
+    return base + row * stride + col;
+}
+
+} // namespace prefill_mma
+} // namespace gdn

@@ -1,0 +1,525 @@
+// Host-only selftest of the gdn TensorRT plugins: exercises the creators and plugin objects the way
+// TensorRT's builder would, without a GPU or the TensorRT runtime (only the headers are needed).
+// Exit code 0 when every check passes; prints one line per failed check.
+#include "gdnDecodePlugin/gdnDecodePlugin.h"
+#include "gdnPrefillPlugin/gdnPrefillPlugin.h"
+
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace nvinfer1;
+using gdn::plugin::reportedErrorCount;
+
+extern "C" IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
+extern "C" void setLoggerFinder(ILoggerFinder* finder);
+
+namespace
+{
+int gChecks = 0;
+int gFailures = 0;
+
+#define CHECK(cond)                                                                                                    \
+    do                                                                                                                 \
+    {                                                                                                                  \
+        ++gChecks;                                                                                                     \
+        if (!(cond))                                                                                                   \
+        {                                                                                                              \
+            ++gFailures;                                                                                               \
+            std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);                                              \
+        }                                                                                                              \
+    } while (0)
+
+// ---------------------------------------------------------------- logger capture
+class CaptureLogger : public ILogger
+{
+public:
+    void log(Severity severity, AsciiChar const* msg) noexcept override
+    {
+        if (severity <= Severity::kERROR)
+        {
+            errors.emplace_back(msg);
+        }
+    }
+    bool lastErrorHas(char const* needle) const
+    {
+        return !errors.empty() && errors.back().find(needle) != std::string::npos;
+    }
+    std::vector<std::string> errors;
+};
+
+class CaptureFinder : public ILoggerFinder
+{
+public:
+    ILogger* findLogger() override
+    {
+        return &logger;
+    }
+    CaptureLogger logger;
+};
+
+// ---------------------------------------------------------------- fake IExprBuilder (constants only)
+class FakeExprImpl : public apiv::VDimensionExpr
+{
+public:
+    explicit FakeExprImpl(int64_t v)
+        : value(v)
+    {
+    }
+    bool isConstant() const override
+    {
+        return true;
+    }
+    int64_t getConstantValue() const override
+    {
+        return value;
+    }
+    bool isSizeTensor() const override
+    {
+        return false;
+    }
+    int64_t value;
+};
+
+class FakeExpr : public IDimensionExpr
+{
+public:
+    explicit FakeExpr(int64_t v)
+        : mFake(v)
+    {
+        mImpl = &mFake;
+    }
+    ~FakeExpr() noexcept override = default;
+
+private:
+    FakeExprImpl mFake;
+};
+
+class FakeBuilderImpl : public apiv::VExprBuilder
+{
+public:
+    IDimensionExpr const* constant(int64_t value) override
+    {
+        pool.emplace_back(new FakeExpr(value));
+        return pool.back().get();
+    }
+    IDimensionExpr const* operation(DimensionOperation op, IDimensionExpr const& a, IDimensionExpr const& b) override
+    {
+        int64_t const x = a.getConstantValue();
+        int64_t const y = b.getConstantValue();
+        switch (op)
+        {
+        case DimensionOperation::kSUM: return constant(x + y);
+        case DimensionOperation::kPROD: return constant(x * y);
+        case DimensionOperation::kSUB: return constant(x - y);
+        case DimensionOperation::kMAX: return constant(x > y ? x : y);
+        case DimensionOperation::kMIN: return constant(x < y ? x : y);
+        default: return nullptr;
+        }
+    }
+    IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&, IDimensionExpr const&) override
+    {
+        return nullptr;
+    }
+    std::deque<std::unique_ptr<FakeExpr>> pool;
+};
+
+class FakeBuilder : public IExprBuilder
+{
+public:
+    FakeBuilder()
+    {
+        mImpl = &mFake;
+    }
+    ~FakeBuilder() noexcept override = default;
+    DimsExprs exprs(Dims const& d)
+    {
+        DimsExprs e{};
+        e.nbDims = d.nbDims;
+        for (int32_t i = 0; i < d.nbDims; ++i)
+        {
+            e.d[i] = constant(d.d[i]);
+        }
+        return e;
+    }
+
+private:
+    FakeBuilderImpl mFake;
+};
+
+// ---------------------------------------------------------------- helpers
+Dims dims(std::initializer_list<int64_t> v)
+{
+    Dims d{};
+    d.nbDims = static_cast<int32_t>(v.size());
+    int32_t i = 0;
+    for (int64_t x : v)
+    {
+        d.d[i++] = x;
+    }
+    return d;
+}
+
+struct Tensor
+{
+    Dims d;
+    DataType t;
+};
+
+std::vector<DynamicPluginTensorDesc> descs(std::vector<Tensor> const& ts)
+{
+    std::vector<DynamicPluginTensorDesc> out(ts.size());
+    for (size_t i = 0; i < ts.size(); ++i)
+    {
+        out[i].desc.dims = ts[i].d;
+        out[i].desc.type = ts[i].t;
+        out[i].desc.format = TensorFormat::kLINEAR;
+        out[i].desc.scale = -1.f;
+        out[i].min = out[i].opt = out[i].max = ts[i].d;
+    }
+    return out;
+}
+
+std::vector<PluginTensorDesc> plain(std::vector<DynamicPluginTensorDesc> const& d)
+{
+    std::vector<PluginTensorDesc> out;
+    for (auto const& x : d)
+    {
+        out.push_back(x.desc);
+    }
+    return out;
+}
+
+PluginField const* findField(PluginFieldCollection const* fc, char const* name)
+{
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+    {
+        if (std::strcmp(fc->fields[i].name, name) == 0)
+        {
+            return &fc->fields[i];
+        }
+    }
+    return nullptr;
+}
+
+int32_t intField(PluginFieldCollection const* fc, char const* name)
+{
+    PluginField const* f = findField(fc, name);
+    return (f && f->type == PluginFieldType::kINT32 && f->data) ? *static_cast<int32_t const*>(f->data) : -999;
+}
+
+float floatField(PluginFieldCollection const* fc, char const* name)
+{
+    PluginField const* f = findField(fc, name);
+    return (f && f->type == PluginFieldType::kFLOAT32 && f->data) ? *static_cast<float const*>(f->data) : -999.f;
+}
+
+IPluginV3OneRuntime* runtimeOf(IPluginV3* p)
+{
+    return static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+}
+
+IPluginV3OneBuild* buildOf(IPluginV3* p)
+{
+    return static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+}
+
+IPluginV3OneCore* coreOf(IPluginV3* p)
+{
+    return static_cast<IPluginV3OneCore*>(p->getCapabilityInterface(PluginCapabilityType::kCORE));
+}
+
+// A valid prefill problem: T=10 tokens, N=2 sequences, Hk=2, Hv=4, K=V=128.
+std::vector<Tensor> prefillTensors(DataType io, DataType gate, bool raw, int64_t Hv = 4)
+{
+    std::vector<Tensor> t = {{dims({10, 2, 128}), io}, {dims({10, 2, 128}), io}, {dims({10, Hv, 128}), io},
+        {dims({10, Hv}), gate}, {dims({10, Hv}), gate}, {dims({3}), DataType::kINT32},
+        {dims({2, Hv, 128, 128}), DataType::kFLOAT}};
+    if (raw)
+    {
+        t.push_back({dims({Hv}), DataType::kFLOAT});
+        t.push_back({dims({Hv}), DataType::kFLOAT});
+    }
+    t.push_back({dims({10, Hv, 128}), io});            // o
+    t.push_back({dims({2, Hv, 128, 128}), DataType::kFLOAT}); // final_state
+    return t;
+}
+
+// A valid decode problem: B=3, Hk=2, Hv=4, K=V=64; pool of 8 rows in state_mode 1.
+std::vector<Tensor> decodeTensors(DataType io, DataType gate, bool raw, bool pool)
+{
+    int64_t const S = pool ? 8 : 3;
+    std::vector<Tensor> t = {{dims({3, 2, 64}), io}, {dims({3, 2, 64}), io}, {dims({3, 4, 64}), io},
+        {dims({3, 4}), gate}, {dims({3, 4}), gate}, {dims({S, 4, 64, 64}), DataType::kFLOAT}};
+    if (pool)
+    {
+        t.push_back({dims({3}), DataType::kINT32});
+    }
+    if (raw)
+    {
+        t.push_back({dims({4}), DataType::kFLOAT});
+        t.push_back({dims({4}), DataType::kFLOAT});
+    }
+    t.push_back({dims({3, 4, 64}), io});
+    t.push_back({dims({S, 4, 64, 64}), DataType::kFLOAT});
+    return t;
+}
+
+IPluginV3* make(IPluginCreatorV3One* c, std::vector<PluginField> const& fields)
+{
+    PluginFieldCollection fc{static_cast<int32_t>(fields.size()), fields.empty() ? nullptr : fields.data()};
+    return c->createPlugin("selftest", &fc, TensorRTPhase::kBUILD);
+}
+
+// Every position of a valid combination is accepted; returns the number of rejected positions.
+int rejectedPositions(IPluginV3* p, std::vector<Tensor> const& t, int32_t nbInputs)
+{
+    auto d = descs(t);
+    int rejected = 0;
+    for (int32_t pos = 0; pos < static_cast<int32_t>(d.size()); ++pos)
+    {
+        rejected += buildOf(p)->supportsFormatCombination(pos, d.data(), nbInputs, 2) ? 0 : 1;
+    }
+    return rejected;
+}
+
+bool accepts(IPluginV3* p, std::vector<Tensor> t, int32_t nbInputs, int32_t pos, DataType type,
+    TensorFormat format = TensorFormat::kLINEAR)
+{
+    t[pos].t = type;
+    auto d = descs(t);
+    d[pos].desc.format = format;
+    return buildOf(p)->supportsFormatCombination(pos, d.data(), nbInputs, 2);
+}
+} // namespace
+
+int main()
+{
+    CaptureFinder finder;
+    setLoggerFinder(&finder);
+
+    // ------------------------------------------------------------ creators
+    int32_t nb = 0;
+    IPluginCreatorInterface* const* list = getCreators(nb);
+    CHECK(nb == 2 && list != nullptr);
+    if (nb != 2 || list == nullptr)
+    {
+        return 1;
+    }
+    IPluginCreatorV3One* pc = nullptr;
+    IPluginCreatorV3One* dc = nullptr;
+    for (int32_t i = 0; i < nb; ++i)
+    {
+        CHECK(std::strcmp(list[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0);
+        auto* c = static_cast<IPluginCreatorV3One*>(list[i]);
+        CHECK(std::strcmp(c->getPluginNamespace(), gdn::spec::kPluginNamespace) == 0);
+        CHECK(std::strcmp(c->getPluginVersion(), gdn::spec::kPluginVersion) == 0);
+        (std::strcmp(c->getPluginName(), gdn::spec::kGatedDeltaPrefillName) == 0 ? pc : dc) = c;
+    }
+    CHECK(pc != nullptr && dc != nullptr && std::strcmp(dc->getPluginName(), gdn::spec::kGatedDeltaDecodeName) == 0);
+    CHECK(std::strcmp(gdn::spec::kPluginNamespace, "gdn") == 0 && std::strcmp(gdn::spec::kPluginVersion, "1") == 0);
+
+    PluginFieldCollection const* pn = pc->getFieldNames();
+    PluginFieldCollection const* dn = dc->getFieldNames();
+    CHECK(pn->nbFields == 4 && dn->nbFields == 5);
+    CHECK(findField(pn, "gate_mode") && findField(pn, "use_qk_l2norm") && findField(pn, "scale")
+        && findField(pn, "l2norm_eps") && !findField(pn, "state_mode"));
+    CHECK(findField(dn, "state_mode") && findField(dn, "state_mode")->type == PluginFieldType::kINT32);
+    CHECK(findField(pn, "scale")->type == PluginFieldType::kFLOAT32
+        && findField(pn, "gate_mode")->type == PluginFieldType::kINT32);
+
+    // ------------------------------------------------------------ defaults and explicit fields
+    IPluginV3* pDefault = pc->createPlugin("p0", nullptr, TensorRTPhase::kBUILD);
+    CHECK(pDefault != nullptr);
+    PluginFieldCollection const* sf = runtimeOf(pDefault)->getFieldsToSerialize();
+    CHECK(sf->nbFields == 4 && intField(sf, "gate_mode") == 0 && intField(sf, "use_qk_l2norm") == 0);
+    CHECK(floatField(sf, "scale") == 0.f && floatField(sf, "l2norm_eps") == 1e-6f);
+    CHECK(std::strcmp(coreOf(pDefault)->getPluginName(), "GatedDeltaPrefill") == 0);
+    CHECK(std::strcmp(coreOf(pDefault)->getPluginNamespace(), "gdn") == 0);
+    CHECK(buildOf(pDefault)->getNbOutputs() == 2);
+
+    int32_t const one = 1;
+    float const scale = 0.125f;
+    double const eps64 = 1e-5;
+    int64_t const pool64 = 1;
+    IPluginV3* pRaw = make(pc,
+        {{"gate_mode", &one, PluginFieldType::kINT32, 1}, {"use_qk_l2norm", &one, PluginFieldType::kINT32, 1},
+            {"scale", &scale, PluginFieldType::kFLOAT32, 1}, {"l2norm_eps", &eps64, PluginFieldType::kFLOAT64, 1}});
+    CHECK(pRaw != nullptr);
+    IPluginV3* dPool = make(dc, {{"state_mode", &pool64, PluginFieldType::kINT64, 1}});
+    IPluginV3* dRawPool = make(dc, {{"state_mode", &one, PluginFieldType::kINT32, 1}, {"gate_mode", &one, PluginFieldType::kINT32, 1}});
+    IPluginV3* dDense = make(dc, {});
+    CHECK(dPool != nullptr && dRawPool != nullptr && dDense != nullptr);
+
+    // serialize -> clone -> runtime re-creation round trip
+    IPluginV3* pClone = pRaw->clone();
+    CHECK(pClone != nullptr);
+    PluginFieldCollection const* cf = runtimeOf(pClone)->getFieldsToSerialize();
+    CHECK(intField(cf, "gate_mode") == 1 && intField(cf, "use_qk_l2norm") == 1);
+    CHECK(floatField(cf, "scale") == 0.125f && floatField(cf, "l2norm_eps") == 1e-5f);
+    IPluginV3* pRuntime = pc->createPlugin("rt", cf, TensorRTPhase::kRUNTIME);
+    CHECK(pRuntime != nullptr);
+    CHECK(pRuntime && intField(runtimeOf(pRuntime)->getFieldsToSerialize(), "gate_mode") == 1);
+    IPluginV3* dRuntime = dc->createPlugin("rt", runtimeOf(dRawPool)->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
+    CHECK(dRuntime && intField(runtimeOf(dRuntime)->getFieldsToSerialize(), "state_mode") == 1
+        && intField(runtimeOf(dRuntime)->getFieldsToSerialize(), "gate_mode") == 1);
+    IPluginV3* attached = runtimeOf(pRaw)->attachToContext(nullptr);
+    CHECK(attached != nullptr && floatField(runtimeOf(attached)->getFieldsToSerialize(), "scale") == 0.125f);
+
+    // ------------------------------------------------------------ output types
+    DataType in9[9] = {DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kFLOAT, DataType::kFLOAT,
+        DataType::kINT32, DataType::kFLOAT, DataType::kFLOAT, DataType::kFLOAT};
+    DataType outT[2] = {DataType::kINT32, DataType::kINT32};
+    CHECK(buildOf(pRaw)->getOutputDataTypes(outT, 2, in9, 9) == 0);
+    CHECK(outT[0] == DataType::kHALF && outT[1] == DataType::kFLOAT);
+    int const errorsBefore = reportedErrorCount();
+    CHECK(buildOf(pRaw)->getOutputDataTypes(outT, 2, in9, 7) != 0); // gate_mode 1 needs 9 inputs
+    CHECK(reportedErrorCount() == errorsBefore + 1);
+
+    // ------------------------------------------------------------ supportsFormatCombination truth table
+    for (DataType io : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16})
+    {
+        for (DataType gate : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16})
+        {
+            CHECK(rejectedPositions(pDefault, prefillTensors(io, gate, false), 7) == 0);
+            CHECK(rejectedPositions(pRaw, prefillTensors(io, gate, true), 9) == 0);
+            CHECK(rejectedPositions(dDense, decodeTensors(io, gate, false, false), 6) == 0);
+            CHECK(rejectedPositions(dRawPool, decodeTensors(io, gate, true, true), 9) == 0);
+        }
+    }
+    auto pt = prefillTensors(DataType::kHALF, DataType::kFLOAT, false);
+    CHECK(!accepts(pDefault, pt, 7, 0, DataType::kINT32));                    // q int32
+    CHECK(!accepts(pDefault, pt, 7, 0, DataType::kHALF, TensorFormat::kHWC8)); // non-linear format
+    CHECK(!accepts(pDefault, pt, 7, 1, DataType::kFLOAT));                    // k differs from q
+    CHECK(!accepts(pDefault, pt, 7, 2, DataType::kBF16));                     // v differs from q
+    CHECK(!accepts(pDefault, pt, 7, 4, DataType::kHALF));                     // beta differs from g
+    CHECK(!accepts(pDefault, pt, 7, 5, DataType::kINT64));                    // cu_seqlens int64
+    CHECK(!accepts(pDefault, pt, 7, 6, DataType::kHALF));                     // initial_state fp16
+    CHECK(!accepts(pDefault, pt, 7, 7, DataType::kFLOAT));                    // o differs from q
+    CHECK(!accepts(pDefault, pt, 7, 8, DataType::kHALF));                     // final_state fp16
+    CHECK(!accepts(pDefault, pt, 9, 0, DataType::kHALF));                     // wrong input count
+    auto dt = decodeTensors(DataType::kBF16, DataType::kBF16, true, true);
+    CHECK(!accepts(dRawPool, dt, 9, 6, DataType::kFLOAT)); // slots must be int32
+    CHECK(!accepts(dRawPool, dt, 9, 7, DataType::kHALF));  // A_log fp32
+    CHECK(!accepts(dRawPool, dt, 9, 5, DataType::kBF16));  // state fp32
+    CHECK(!accepts(dRawPool, dt, 9, 10, DataType::kHALF)); // new_state fp32
+
+    // ------------------------------------------------------------ output shapes (fake expression builder)
+    {
+        FakeBuilder eb;
+        auto t = prefillTensors(DataType::kFLOAT, DataType::kFLOAT, false);
+        std::vector<DimsExprs> in;
+        for (int i = 0; i < 7; ++i)
+        {
+            in.push_back(eb.exprs(t[i].d));
+        }
+        DimsExprs out[2]{};
+        CHECK(buildOf(pDefault)->getOutputShapes(in.data(), 7, nullptr, 0, out, 2, eb) == 0);
+        CHECK(out[0].nbDims == 3 && out[0].d[0]->getConstantValue() == 10 && out[0].d[1]->getConstantValue() == 4
+            && out[0].d[2]->getConstantValue() == 128);
+        CHECK(out[1].nbDims == 4 && out[1].d[0]->getConstantValue() == 2 && out[1].d[1]->getConstantValue() == 4
+            && out[1].d[2]->getConstantValue() == 128 && out[1].d[3]->getConstantValue() == 128);
+        CHECK(buildOf(pRaw)->getOutputShapes(in.data(), 7, nullptr, 0, out, 2, eb) != 0); // needs 9 inputs
+
+        auto u = decodeTensors(DataType::kFLOAT, DataType::kFLOAT, false, true);
+        std::vector<DimsExprs> din;
+        for (int i = 0; i < 7; ++i)
+        {
+            din.push_back(eb.exprs(u[i].d));
+        }
+        CHECK(buildOf(dPool)->getOutputShapes(din.data(), 7, nullptr, 0, out, 2, eb) == 0);
+        CHECK(out[0].nbDims == 3 && out[0].d[0]->getConstantValue() == 3 && out[0].d[2]->getConstantValue() == 64);
+        CHECK(out[1].nbDims == 4 && out[1].d[0]->getConstantValue() == 8 && out[1].d[3]->getConstantValue() == 64);
+    }
+
+    // ------------------------------------------------------------ aliasing (decode pool)
+#if GDN_TRT_HAS_BUILD_V2
+    {
+        auto* b2 = static_cast<IPluginV3OneBuildV2*>(buildOf(dPool));
+        CHECK(std::string(b2->getInterfaceInfo().kind) == "PLUGIN_V3ONE_BUILD" && b2->getInterfaceInfo().major == 2);
+        CHECK(b2->getAliasedInput(1) == 5 && b2->getAliasedInput(0) == -1);
+        CHECK(static_cast<IPluginV3OneBuildV2*>(buildOf(dDense))->getAliasedInput(1) == -1);
+        CHECK(static_cast<IPluginV3OneBuildV2*>(buildOf(pDefault))->getAliasedInput(1) == -1);
+    }
+#endif
+
+    // ------------------------------------------------------------ configure / onShapeChange
+    {
+        auto good = descs(prefillTensors(DataType::kHALF, DataType::kFLOAT, false));
+        int const rc = buildOf(pDefault)->configurePlugin(good.data(), 7, good.data() + 7, 2);
+        if (rc != 0)
+        {
+            std::printf("note: configurePlugin rejected a valid problem: %s\n",
+                finder.logger.errors.empty() ? "?" : finder.logger.errors.back().c_str());
+        }
+        CHECK(rc == 0);
+        auto wild = good;
+        wild[0].desc.dims.d[0] = -1; // dynamic T at build time
+        wild[5].desc.dims.d[0] = -1;
+        CHECK(buildOf(pDefault)->configurePlugin(wild.data(), 7, wild.data() + 7, 2) == 0);
+        CHECK(runtimeOf(pDefault)->onShapeChange(plain(good).data(), 7, plain(good).data() + 7, 2) == 0);
+
+        auto gva = descs(prefillTensors(DataType::kHALF, DataType::kFLOAT, false, 3)); // Hv=3, Hk=2
+        int e0 = reportedErrorCount();
+        CHECK(buildOf(pDefault)->configurePlugin(gva.data(), 7, gva.data() + 7, 2) != 0);
+        CHECK(reportedErrorCount() == e0 + 1 && finder.logger.lastErrorHas("not a multiple of Hk=2"));
+        CHECK(runtimeOf(pDefault)->onShapeChange(plain(gva).data(), 7, plain(gva).data() + 7, 2) != 0);
+
+        auto badState = good;
+        badState[6].desc.dims.d[0] = 5; // N from cu_seqlens is 2
+        CHECK(runtimeOf(pDefault)->onShapeChange(plain(badState).data(), 7, plain(badState).data() + 7, 2) != 0);
+        CHECK(finder.logger.lastErrorHas("initial_state: dimension 0 (N) is 5, expected 2"));
+
+        auto dgood = descs(decodeTensors(DataType::kBF16, DataType::kFLOAT, false, true));
+        CHECK(buildOf(dPool)->configurePlugin(dgood.data(), 7, dgood.data() + 7, 2) == 0);
+        auto dbad = descs(decodeTensors(DataType::kBF16, DataType::kFLOAT, false, false));
+        dbad[5].desc.dims.d[0] = 7; // dense state needs one row per sequence
+        CHECK(buildOf(dDense)->configurePlugin(dbad.data(), 6, dbad.data() + 6, 2) != 0);
+        CHECK(finder.logger.lastErrorHas("state: dimension 0"));
+        CHECK(buildOf(dDense)->configurePlugin(dgood.data(), 7, dgood.data() + 7, 2) != 0); // 7 inputs, dense wants 6
+
+        std::vector<DynamicPluginTensorDesc> pmax = good;
+        size_t const ws = buildOf(pDefault)->getWorkspaceSize(pmax.data(), 7, pmax.data() + 7, 2);
+        gdn::GdnPrefillParams p;
+        p.T = 10;
+        p.N = 2;
+        p.Hk = 2;
+        p.Hv = 4;
+        p.K = 128;
+        p.V = 128;
+        p.ioType = gdn::DType::kFloat16;
+        p.gateType = gdn::DType::kFloat32;
+        CHECK(ws == gdn::gdnPrefillWorkspaceSize(p));
+        CHECK(buildOf(dDense)->getWorkspaceSize(dgood.data(), 6, dgood.data() + 6, 2) == 0);
+    }
+
+    // ------------------------------------------------------------ bad fields give errors, not crashes
+    {
+        int32_t const seven = 7;
+        float const negative = -1.f;
+        char const text[] = "1";
+        int e0 = reportedErrorCount();
+        CHECK(make(pc, {{"gate_mode", &seven, PluginFieldType::kINT32, 1}}) == nullptr);
+        CHECK(finder.logger.lastErrorHas("gate_mode: must be 0 or 1, got 7"));
+        CHECK(make(dc, {{"state_mode", &seven, PluginFieldType::kINT32, 1}}) == nullptr);
+        CHECK(make(pc, {{"state_mode", &one, PluginFieldType::kINT32, 1}}) == nullptr); // prefill has no state_mode
+        CHECK(finder.logger.lastErrorHas("unknown plugin field 'state_mode'"));
+        CHECK(make(pc, {{"bogus", &one, PluginFieldType::kINT32, 1}}) == nullptr);
+        CHECK(make(pc, {{"gate_mode", text, PluginFieldType::kCHAR, 1}}) == nullptr);
+        CHECK(make(pc, {{"l2norm_eps", &negative, PluginFieldType::kFLOAT32, 1}}) == nullptr);
+        CHECK(make(pc, {{"scale", &scale, PluginFieldType::kFLOAT32, 0}}) == nullptr);
+        CHECK(make(pc, {{"use_qk_l2norm", &scale, PluginFieldType::kFLOAT32, 1}}) == nullptr); // 0.125 not an int
+        CHECK(make(pc, {{nullptr, &one, PluginFieldType::kINT32, 1}}) == nullptr);
+        CHECK(reportedErrorCount() == e0 + 9);
+    }
+
+    for (IPluginV3* p : {pDefault, pRaw, dPool, dRawPool, dDense, pClone, pRuntime, dRuntime, attached})
+    {
+        delete p;
+    }
+    std::printf("gdn_plugin_selftest: %d checks, %d failed\n", gChecks, gFailures);
+    return gFailures == 0 ? 0 : 1;
+}

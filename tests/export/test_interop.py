@@ -1,0 +1,149 @@
+"""Interop export: gdn ops as LinearAttention (com.microsoft contrib / ONNX opset 27) run by onnxruntime."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from conftest import (DECODE_ORDER, PREFILL_ORDER, call_decode_ref, call_prefill_ref, cast_inputs,  # noqa: E402
+                      make_decode_inputs, make_prefill_inputs, rel_err)
+from gdn_deploy.export.onnx_ops import export_program, gdn_nodes, run_onnxruntime  # noqa: E402
+from gdn_deploy.spec import SPEC  # noqa: E402
+
+FP32_TOL = 1e-5
+RAW = dict(gate_mode=1, use_qk_l2norm=1)
+
+
+class _Prefill(torch.nn.Module):
+    def __init__(self, **attrs):
+        super().__init__()
+        self.attrs = attrs
+
+    def forward(self, q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bias=None):
+        return torch.ops.gdn.prefill(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias, **self.attrs)
+
+
+class _Decode(torch.nn.Module):
+    def forward(self, q, k, v, g, beta, state):
+        return torch.ops.gdn.decode(q, k, v, g, beta, state)
+
+
+class _DecodePool(torch.nn.Module):
+    def forward(self, q, k, v, g, beta, pool, slots, A_log, dt_bias):
+        o = torch.ops.gdn.decode_pool_(q, k, v, g, beta, pool, slots, A_log, dt_bias, **RAW)
+        return o, pool
+
+
+def _args(inp, order):
+    return tuple(inp[n] for n in order if n in inp)
+
+
+def _dyn(inp, order, dims):
+    return tuple({0: dims[n]} if n in dims else None for n in order if n in inp)
+
+
+_PREFILL_DIMS = dict(q="T", k="T", v="T", g="T", beta="T", cu_seqlens="N1", initial_state="N")
+
+
+def _linear_attention_nodes(model, domain):
+    return [n for n in model.graph.node if n.op_type == "LinearAttention" and n.domain == domain]
+
+
+@pytest.fixture(scope="module")
+def msft_prefill(tmp_path_factory):
+    gen = torch.Generator().manual_seed(2)
+    inp = cast_inputs(make_prefill_inputs(gen, [4, 4], 1, 2, K=16, V=8, **RAW), torch.float32)
+    path = tmp_path_factory.mktemp("interop") / "prefill_msft.onnx"
+    model = export_program(_Prefill(**RAW), _args(inp, PREFILL_ORDER), path, interop="com.microsoft",
+                           dynamic_shapes=_dyn(inp, PREFILL_ORDER, _PREFILL_DIMS))
+    return path, model
+
+
+def test_interop_emits_contrib_linear_attention(msft_prefill):
+    _, model = msft_prefill
+    (node,) = _linear_attention_nodes(model, "com.microsoft")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["update_rule"] == b"gated_delta" and attrs["q_num_heads"] == attrs["kv_num_heads"] == 2
+    assert not gdn_nodes(model) and not model.functions
+
+
+@pytest.mark.parametrize("seqlens", [[5, 5, 5], [9], [16, 16]])
+def test_interop_prefill_matches_reference(msft_prefill, gen, seqlens):
+    path, _ = msft_prefill
+    inp = cast_inputs(make_prefill_inputs(gen, seqlens, 1, 2, K=16, V=8, **RAW), torch.float32)
+    o, s = run_onnxruntime(path, _args(inp, PREFILL_ORDER))
+    o64, s64 = call_prefill_ref(inp, **RAW, compute_dtype=torch.float64)
+    assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
+
+
+def test_interop_varlen_is_rejected_at_export(gen):
+    inp = cast_inputs(make_prefill_inputs(gen, [3, 5], 1, 2, K=16, V=8, **RAW), torch.float32)
+    with pytest.raises(ValueError, match="no varlen.*\\[3, 5\\]"):
+        export_program(_Prefill(**RAW), _args(inp, PREFILL_ORDER), None, interop="com.microsoft")
+    with pytest.raises(ValueError, match="interop"):
+        export_program(_Prefill(**RAW), _args(inp, PREFILL_ORDER), None, interop="trt")
+
+
+def test_interop_unequal_lengths_at_run_time_give_nan(msft_prefill, gen):
+    path, _ = msft_prefill
+    inp = cast_inputs(make_prefill_inputs(gen, [2, 6], 1, 2, K=16, V=8, **RAW), torch.float32)
+    o, _ = run_onnxruntime(path, _args(inp, PREFILL_ORDER))
+    assert torch.isnan(o).all()
+
+
+def test_interop_decode_dense_and_pool(tmp_path, gen):
+    dense = cast_inputs(make_decode_inputs(gen, 3, 2, 4, K=8, V=16), torch.float32)
+    dims = dict(q="B", k="B", v="B", g="B", beta="B", state="B", slots="B")
+    p_dense = tmp_path / "decode.onnx"
+    export_program(_Decode(), _args(dense, DECODE_ORDER), p_dense, interop="com.microsoft",
+                   dynamic_shapes=_dyn(dense, DECODE_ORDER, dims))
+    dense = cast_inputs(make_decode_inputs(gen, 5, 2, 4, K=8, V=16), torch.float32)
+    o, s = run_onnxruntime(p_dense, _args(dense, DECODE_ORDER))
+    o64, s64 = call_decode_ref(dense, compute_dtype=torch.float64)
+    assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
+
+    pool = cast_inputs(make_decode_inputs(gen, 3, 1, 2, K=8, V=8, pool_size=5, **RAW), torch.float32)
+    p_pool = tmp_path / "decode_pool.onnx"
+    export_program(_DecodePool(), _args(pool, DECODE_ORDER), p_pool, interop="com.microsoft",
+                   dynamic_shapes=_dyn(pool, DECODE_ORDER, dict(dims, state="P")))
+    pool = cast_inputs(make_decode_inputs(gen, 4, 1, 2, K=8, V=8, pool_size=6, **RAW), torch.float32)
+    pool["slots"][1] = -1
+    o, new_pool = run_onnxruntime(p_pool, _args(pool, DECODE_ORDER))
+    o64, pool64 = call_decode_ref(pool, **RAW, state_mode=1, compute_dtype=torch.float64)
+    assert rel_err(o, o64) < FP32_TOL and rel_err(new_pool, pool64) < FP32_TOL
+    assert torch.count_nonzero(o[1]) == 0
+    untouched = sorted(set(range(6)) - set(pool["slots"].tolist()))
+    assert torch.equal(new_pool[untouched], pool["state"][untouched])
+
+
+def test_interop_fp16_io(tmp_path, gen):
+    inp = cast_inputs(make_prefill_inputs(gen, [3, 3], 2, 2, K=16, V=8), torch.float16)
+    path = tmp_path / "prefill_fp16.onnx"
+    model = export_program(_Prefill(), _args(inp, PREFILL_ORDER), path, interop="com.microsoft",
+                           dynamic_shapes=_dyn(inp, PREFILL_ORDER, _PREFILL_DIMS))
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    inp = cast_inputs(make_prefill_inputs(gen, [7, 7], 2, 2, K=16, V=8), torch.float16)
+    o, s = run_onnxruntime(path, _args(inp, PREFILL_ORDER))
+    o64, s64 = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64))
+    assert o.dtype == torch.float16 and rel_err(o, o64) < SPEC.kernel_tolerance("float16")
+    assert rel_err(s, s64) < 1e-4
+
+
+def test_onnx_standard_linear_attention_opset27(tmp_path, gen, monkeypatch):
+    inp = cast_inputs(make_prefill_inputs(gen, [4, 4], 1, 2, K=8, V=8, **RAW), torch.float32)
+    with pytest.raises(ValueError, match="opset >= 27"):
+        export_program(_Prefill(**RAW), _args(inp, PREFILL_ORDER), None, interop="onnx", opset=20)
+    path = tmp_path / "prefill_onnx27.onnx"
+    model = export_program(_Prefill(**RAW), _args(inp, PREFILL_ORDER), path, interop="onnx", opset=27,
+                           dynamic_shapes=_dyn(inp, PREFILL_ORDER, _PREFILL_DIMS))      # onnx.checker inside
+    assert len(_linear_attention_nodes(model, "")) == 1 and not _linear_attention_nodes(model, "com.microsoft")
+    assert {i.domain: i.version for i in model.opset_import}[""] == 27
+    # onnxruntime 1.31 calls opset 27 "under development" and refuses it unless this is set:
+    monkeypatch.setenv("ALLOW_RELEASED_ONNX_OPSET_ONLY", "0")
+    inp = cast_inputs(make_prefill_inputs(gen, [6, 6, 6], 1, 2, K=8, V=8, **RAW), torch.float32)
+    o, s = run_onnxruntime(path, _args(inp, PREFILL_ORDER))
+    o64, s64 = call_prefill_ref(inp, **RAW, compute_dtype=torch.float64)
+    assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL

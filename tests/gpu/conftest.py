@@ -1,0 +1,48 @@
+"""GPU tests: skipped as a whole, with the reason, when there is no CUDA GPU or no built kernel library.
+
+Build the library first: ``scripts/build_kernels.sh`` (or set GDN_KERNELS_LIB to a built .so).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (torch.cuda.is_available() is False)"
+    try:
+        import gdn_deploy.kernels  # noqa: F401
+    except ImportError as e:
+        return f"gdn kernel library unavailable: {e}"
+    return None
+
+
+SKIP_REASON = _skip_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    if SKIP_REASON is None:
+        return
+    mark = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if _HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(mark)
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    if SKIP_REASON is not None:
+        pytest.skip(SKIP_REASON)
+    import gdn_deploy.kernels as k
+    return k
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+    yield
