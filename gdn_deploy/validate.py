@@ -60,7 +60,7 @@ def _collect(op: OpSpec, args: dict[str, Any], attrs: dict[str, Any]) -> None:
         present = spec_t.present(attrs)
         given = args.get(spec_t.name) is not None
         if present and not given:
-            raise contract_error("missing", name=spec_t.name, condition=spec_t.present_if or "always")
+            raise contract_error("missing", name=spec_t.name, condition=spec_t.present_if or "the op runs (it is not optional)")
         if given and not present:
             raise contract_error("unexpected", name=spec_t.name, condition=spec_t.present_if)
 

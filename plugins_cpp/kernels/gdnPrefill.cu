@@ -236,15 +236,11 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cuda
     return cudaErrorInvalidValue;
 }
 
-// Warps per scan CTA (V-tile = 16 * warps): 4 when that still gives every SM a CTA, else 2.
-int pickScanWarps(GdnPrefillParams const& p)
+// Warps per scan CTA (V-tile = 16 * warps). Measured on H100 (benchmarks/notes_prefill.md): 4 warps
+// beat 2 on every benchmark case, including 1x64K where 4 warps leave half the SMs idle.
+int pickScanWarps(GdnPrefillParams const&)
 {
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)
-        != cudaSuccess)
-        sms = 132;
-    long const ctas4 = long(p.N) * p.Hv * (p.V / 64);
-    return ctas4 >= sms ? 4 : 2;
+    return 4;
 }
 
 } // namespace

@@ -26,8 +26,8 @@ HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 def export_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("check")
     torch.manual_seed(0)
-    lm = GDNLM(GDNConfig(hidden_size=16, num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=8, vocab_size=40,
-                         num_layers=2, intermediate_size=24))
+    lm = GDNLM(GDNConfig(hidden_size=16, num_k_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8, vocab_size=40,
+                         num_layers=2, intermediate_size=24))          # GVA ratio 1 (the other tests: 2 and 4)
     lm.reset_parameters()
     ckpt = save_checkpoint(lm.eval(), d / "tiny.pt")
     out = d / "onnx"
