@@ -27,7 +27,7 @@ Files written into the export folder (reusable with plain Polygraphy):
   polygraphy run OUT/prefill.onnx --onnxrt --load-inputs OUT/inputs.json \\
       --load-outputs OUT/torch_outputs.json --atol 1e-4 --rtol 1e-3
   # on a TensorRT machine, with the gdn plugin library (gdn-build / find_plugin_library()):
-  polygraphy run OUT/prefill.onnx --trt --onnxrt --plugins build/libgdn_plugins.so \\
+  polygraphy run OUT/prefill.onnx --trt --onnxrt --plugins build/plugins_cpp/libgdn_trt_plugins.so \\
       --load-inputs OUT/inputs.json --trt-min-shapes ... (or use gdn-check, which sets the profile)
 
 examples:

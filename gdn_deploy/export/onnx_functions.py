@@ -218,16 +218,17 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int) -> onnx.Functio
         doc_string=f"onnxruntime body of {SPEC.domain}::{op.name} for {overload_name(op, attrs)} (standard ONNX ops)")
 
 
-def _gdn_nodes(graph: onnx.GraphProto):
+def iter_gdn_nodes(graph: onnx.GraphProto):
+    """Every gdn node of ``graph``, subgraphs (Loop/If/Scan bodies) included."""
     for node in graph.node:
         if node.domain == SPEC.domain and node.op_type in SPEC.ops:
             yield node
         for a in node.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                yield from _gdn_nodes(a.g)
+                yield from iter_gdn_nodes(a.g)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for g in a.graphs:
-                    yield from _gdn_nodes(g)
+                    yield from iter_gdn_nodes(g)
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -245,7 +246,7 @@ def add_function_bodies(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     opset = default_opset(model)
     wanted: dict[tuple[str, str], onnx.FunctionProto] = {}
-    for node in _gdn_nodes(model.graph):
+    for node in iter_gdn_nodes(model.graph):
         op = SPEC.ops[node.op_type]
         attrs = node_attrs(op, node)
         expected = op.input_names(attrs)

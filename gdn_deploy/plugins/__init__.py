@@ -18,6 +18,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
+from ..export.onnx_functions import iter_gdn_nodes
 from ..spec import SPEC
 
 __all__ = ["PLUGIN_LIB_ENV", "PLUGIN_LIB_NAME", "plugin_library_candidates", "find_plugin_library",
@@ -56,20 +57,8 @@ def find_plugin_library() -> Path | None:
     return None
 
 
-def _gdn_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        if node.domain == SPEC.domain and node.op_type in SPEC.ops:
-            yield node
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _gdn_nodes(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    yield from _gdn_nodes(g)
-
-
 def _all_gdn_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    nodes = list(_gdn_nodes(model.graph))
+    nodes = list(iter_gdn_nodes(model.graph))
     for f in model.functions:
         if not (f.domain == SPEC.domain and f.name in SPEC.ops):
             for node in f.node:

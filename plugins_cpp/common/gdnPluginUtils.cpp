@@ -335,6 +335,54 @@ void fillPlaceholders(GdnDecodeParams& p)
     p.ALog = p.dtBias = f;
 }
 
+// ---------------------------------------------------------------- descriptors and kernel checks
+std::vector<Dims> descDims(DynamicPluginTensorDesc const* desc, int32_t n)
+{
+    std::vector<Dims> dims(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i)
+    {
+        dims[i] = desc[i].desc.dims;
+    }
+    return dims;
+}
+
+std::vector<Dims> descDims(PluginTensorDesc const* desc, int32_t n)
+{
+    std::vector<Dims> dims(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i)
+    {
+        dims[i] = desc[i].dims;
+    }
+    return dims;
+}
+
+std::vector<Dims> maxDims(DynamicPluginTensorDesc const* desc, int32_t n)
+{
+    std::vector<Dims> dims(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i)
+    {
+        dims[i] = desc[i].max;
+    }
+    return dims;
+}
+
+void requireSupported(char const* why)
+{
+    if (why != nullptr && why[0] != '\0')
+    {
+        throw GdnPluginError(std::string("unsupported by the kernels: ") + why);
+    }
+}
+
+void requireLaunched(cudaError_t err, char const* launcher)
+{
+    if (err != cudaSuccess)
+    {
+        throw GdnPluginError(std::string(launcher) + " failed: " + cudaGetErrorName(err) + " ("
+            + cudaGetErrorString(err) + ")");
+    }
+}
+
 // ---------------------------------------------------------------- inputs
 InputLayout prefillLayout(GdnAttrs const& a) noexcept
 {

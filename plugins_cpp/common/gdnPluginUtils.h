@@ -119,16 +119,25 @@ void expectDim(char const* name, nvinfer1::Dims const& d, int32_t i, char const*
 //! and A_log/dt_bias [Hv] when present. `nameOf` gives the spec name of an input position.
 void checkCommonShapes(nvinfer1::Dims const* dims, InputLayout const& L, char const* (*nameOf)(int32_t));
 
-//! Dims of input i (desc array of length n), throwing when the position is out of range.
-template <typename Desc>
-nvinfer1::Dims const& dimsAt(Desc const* desc, int32_t n, int32_t i)
+// ---------------------------------------------------------------- descriptor helpers
+//! desc[i].desc.dims / desc[i].dims / desc[i].max for i < n.
+std::vector<nvinfer1::Dims> descDims(nvinfer1::DynamicPluginTensorDesc const* desc, int32_t n);
+std::vector<nvinfer1::Dims> descDims(nvinfer1::PluginTensorDesc const* desc, int32_t n);
+std::vector<nvinfer1::Dims> maxDims(nvinfer1::DynamicPluginTensorDesc const* desc, int32_t n);
+
+// ---------------------------------------------------------------- kernel entry points by params type
+inline char const* kernelSupports(GdnPrefillParams const& p)
 {
-    if (i < 0 || i >= n)
-    {
-        throw GdnPluginError("input index " + std::to_string(i) + " out of range (" + std::to_string(n) + ")");
-    }
-    return desc[i].dims;
+    return gdnPrefillSupports(p);
 }
+inline char const* kernelSupports(GdnDecodeParams const& p)
+{
+    return gdnDecodeSupports(p);
+}
+//! Throws "unsupported by the kernels: <why>" unless `why` (from gdn*Supports) is null or empty.
+void requireSupported(char const* why);
+//! Throws "<launcher> failed: <error name> (<error string>)" unless err == cudaSuccess.
+void requireLaunched(cudaError_t err, char const* launcher);
 
 } // namespace plugin
 } // namespace gdn

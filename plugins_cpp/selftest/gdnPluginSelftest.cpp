@@ -61,6 +61,64 @@ public:
     CaptureLogger logger;
 };
 
+// ---------------------------------------------------------------- error recorder / resource context
+class CaptureRecorder : public IErrorRecorder
+{
+public:
+    int32_t getNbErrors() const noexcept override
+    {
+        return static_cast<int32_t>(errors.size());
+    }
+    ErrorCode getErrorCode(int32_t /*errorIdx*/) const noexcept override
+    {
+        return ErrorCode::kINTERNAL_ERROR;
+    }
+    ErrorDesc getErrorDesc(int32_t errorIdx) const noexcept override
+    {
+        return errors[static_cast<size_t>(errorIdx)].c_str();
+    }
+    bool hasOverflowed() const noexcept override
+    {
+        return false;
+    }
+    void clear() noexcept override
+    {
+        errors.clear();
+    }
+    bool reportError(ErrorCode /*val*/, ErrorDesc desc) noexcept override
+    {
+        errors.emplace_back(desc);
+        return true;
+    }
+    RefCount incRefCount() noexcept override
+    {
+        return 1;
+    }
+    RefCount decRefCount() noexcept override
+    {
+        return 0;
+    }
+    bool lastHas(char const* needle) const
+    {
+        return !errors.empty() && errors.back().find(needle) != std::string::npos;
+    }
+    std::vector<std::string> errors;
+};
+
+class FakeResourceContext : public IPluginResourceContext
+{
+public:
+    IGpuAllocator* getGpuAllocator() const noexcept override
+    {
+        return nullptr;
+    }
+    IErrorRecorder* getErrorRecorder() const noexcept override
+    {
+        return recorder;
+    }
+    IErrorRecorder* recorder = nullptr;
+};
+
 // ---------------------------------------------------------------- fake IExprBuilder (constants only)
 class FakeExprImpl : public apiv::VDimensionExpr
 {
@@ -514,6 +572,79 @@ int main()
         CHECK(make(pc, {{"use_qk_l2norm", &scale, PluginFieldType::kFLOAT32, 1}}) == nullptr); // 0.125 not an int
         CHECK(make(pc, {{nullptr, &one, PluginFieldType::kINT32, 1}}) == nullptr);
         CHECK(reportedErrorCount() == e0 + 9);
+    }
+
+    // ------------------------------------------------------------ shared plugin machinery, per plugin
+    {
+        // The three capability interfaces are distinct sub-objects of the right kind, for both plugins.
+        for (IPluginV3* p : {pDefault, dPool})
+        {
+            CHECK(std::string(coreOf(p)->getInterfaceInfo().kind) == "PLUGIN_V3ONE_CORE");
+            CHECK(std::string(buildOf(p)->getInterfaceInfo().kind) == "PLUGIN_V3ONE_BUILD");
+            CHECK(std::string(runtimeOf(p)->getInterfaceInfo().kind) == "PLUGIN_V3ONE_RUNTIME");
+        }
+        CHECK(std::strcmp(coreOf(dPool)->getPluginName(), "GatedDeltaDecode") == 0
+            && std::strcmp(coreOf(dPool)->getPluginVersion(), "1") == 0
+            && std::strcmp(coreOf(dPool)->getPluginNamespace(), "gdn") == 0);
+
+        // attachToContext takes the context's error recorder; clone keeps it; errors name the op and method.
+        CaptureRecorder recorder;
+        FakeResourceContext ctx;
+        ctx.recorder = &recorder;
+        IPluginV3* dCtx = runtimeOf(dRawPool)->attachToContext(&ctx);
+        CHECK(dCtx != nullptr && std::strcmp(coreOf(dCtx)->getPluginName(), "GatedDeltaDecode") == 0);
+        CHECK(intField(runtimeOf(dCtx)->getFieldsToSerialize(), "state_mode") == 1);
+        DataType outD[2] = {DataType::kINT32, DataType::kINT32};
+        CHECK(buildOf(dCtx)->getOutputDataTypes(outD, 2, in9, 7) != 0); // gate_mode 1 + pool needs 9 inputs
+        CHECK(recorder.getNbErrors() == 1
+            && recorder.lastHas("GatedDeltaDecode::getOutputDataTypes: expected 9 inputs and 2 outputs, got 7"));
+        IPluginV3* dCtxClone = dCtx->clone();
+        CHECK(dCtxClone != nullptr);
+        CHECK(buildOf(dCtxClone)->getOutputDataTypes(outD, 2, in9, 6) != 0);
+        CHECK(recorder.getNbErrors() == 2 && recorder.lastHas("GatedDeltaDecode::getOutputDataTypes"));
+#if GDN_TRT_HAS_BUILD_V2
+        CHECK(static_cast<IPluginV3OneBuildV2*>(buildOf(dCtxClone))->getAliasedInput(1) == 5);
+#endif
+        CHECK(runtimeOf(pDefault)->getFieldsToSerialize()->nbFields == 4);
+        delete dCtxClone;
+        delete dCtx;
+
+        // enqueue returns an error code (never throws) and names the plugin and method.
+        int e0 = reportedErrorCount();
+        auto pg = plain(descs(prefillTensors(DataType::kHALF, DataType::kFLOAT, false)));
+        CHECK(runtimeOf(pDefault)->enqueue(pg.data(), pg.data() + 7, nullptr, nullptr, nullptr, nullptr) != 0);
+        CHECK(reportedErrorCount() == e0 + 1
+            && finder.logger.lastErrorHas("GatedDeltaPrefill::enqueue: null descriptors or pointers"));
+        std::vector<void const*> nullIn(9, nullptr);
+        std::vector<void*> nullOut(2, nullptr);
+        CHECK(runtimeOf(pDefault)->enqueue(pg.data(), pg.data() + 7, nullIn.data(), nullOut.data(), nullptr, nullptr)
+            != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaPrefill::enqueue: unsupported by the kernels"));
+        auto dg = plain(descs(decodeTensors(DataType::kFLOAT, DataType::kFLOAT, false, false)));
+        CHECK(runtimeOf(dDense)->enqueue(dg.data(), dg.data() + 6, nullIn.data(), nullOut.data(), nullptr, nullptr)
+            != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaDecode::enqueue: unsupported by the kernels"));
+        CHECK(reportedErrorCount() == e0 + 3);
+
+        // method-specific failures carry the op name prefix
+        auto pgood = descs(prefillTensors(DataType::kHALF, DataType::kFLOAT, false));
+        CHECK(buildOf(pDefault)->getWorkspaceSize(pgood.data(), 9, pgood.data() + 7, 2) == 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaPrefill::getWorkspaceSize: unexpected number of inputs"));
+        auto vt = decodeTensors(DataType::kFLOAT, DataType::kFLOAT, false, false);
+        vt[2].d.d[2] = 32; // V=32: the shapes agree, the kernels do not support it
+        vt[5].d.d[3] = 32;
+        vt[6].d.d[2] = 32;
+        vt[7].d.d[3] = 32;
+        auto dwrong = descs(vt);
+        CHECK(buildOf(dDense)->configurePlugin(dwrong.data(), 6, dwrong.data() + 6, 2) != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaDecode::configurePlugin: unsupported by the kernels"));
+        CHECK(runtimeOf(dDense)->onShapeChange(plain(dwrong).data(), 6, plain(dwrong).data() + 6, 2) != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaDecode::onShapeChange: unsupported by the kernels"));
+        CHECK(buildOf(dDense)->configurePlugin(dwrong.data(), 6, dwrong.data() + 6, 1) != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaDecode::configurePlugin: invalid input/output descriptors"));
+        int32_t const seven = 7;
+        CHECK(make(dc, {{"state_mode", &seven, PluginFieldType::kINT32, 1}}) == nullptr);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaDecode createPlugin('selftest'): GatedDeltaDecode: state_mode"));
     }
 
     for (IPluginV3* p : {pDefault, pRaw, dPool, dRawPool, dDense, pClone, pRuntime, dRuntime, attached})

@@ -43,6 +43,8 @@ def kernels():
 
 
 @pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(1234)
+def _seed(seed):
+    """Fresh inputs every session: the global generators get the per-test seed of tests/conftest.py
+    (random base seed, printed in the header; GDN_TEST_SEED=<base> reproduces a run)."""
+    torch.manual_seed(seed)
     yield
