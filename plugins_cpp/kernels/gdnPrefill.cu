@@ -8,7 +8,6 @@
 #include "gdnCommon.cuh"
 #include "gdnKernels.h"
 #include "gdnPrefillChunked.cuh"
-#include "gdnPrefillScan.cuh"
 
 #include <cstdint>
 
@@ -179,7 +178,7 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     w.aqk = 0;
     w.tm = mat;
     w.gq = 2 * mat;
-    w.total = 2 * mat + alignUp(slots * 3 * kC * sizeof(float));
+    w.total = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));
     return w;
 }
 
@@ -188,27 +187,8 @@ bool isHeadDim(int d)
     return d == 64 || d == 128 || d == 256;
 }
 
-// Scan variants (the `variant` argument of launchGdnPrefillTuned): 2 or 4 = unsplit scan with that
-// many warps (V-tile 16 * warps); -(10 * ks + ncg) = K-split scan, ncg column groups of 16 value columns
-// times ks warps along K (gdnPrefillScan.cuh). A variant whose shared memory does not fit (K = 256)
-// runs as the unsplit scan with the same V-tile.
-template <typename T, int K, int NCG, int KSPLIT>
-cudaError_t launchScan(GdnPrefillParams const& p, ChunkWs const& ws, cudaStream_t stream)
-{
-    using SM = prefill_chunked::ScanSmem<T, K, NCG, KSPLIT>;
-    if constexpr (KSPLIT > 1 && sizeof(SM) > 227 * 1024)
-        return launchScan<T, K, NCG, 1>(p, ws, stream);
-    else
-    {
-        auto kern = prefill_chunked::gdnPrefillScanKernel<T, K, NCG, KSPLIT>;
-        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(SM))));
-        kern<<<dim3(p.N, p.Hv, p.V / (16 * NCG)), 32 * NCG * KSPLIT, sizeof(SM), stream>>>(p, ws);
-        return cudaGetLastError();
-    }
-}
-
 template <typename T, int K>
-cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int variant, cudaStream_t stream)
+cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cudaStream_t stream)
 {
     int const ids = p.T / kC + p.N;
     {
@@ -218,16 +198,16 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int vari
         kern<<<dim3(ids, p.Hv), 128, smem, stream>>>(p, ws);
         GDN_CUDA_TRY(cudaGetLastError());
     }
-    switch (variant)
+    auto scan = [&](auto kern, int smem, int vt) -> cudaError_t
     {
-    case 2: return launchScan<T, K, 2, 1>(p, ws, stream);
-    case 4: return launchScan<T, K, 4, 1>(p, ws, stream);
-    case -22: return launchScan<T, K, 2, 2>(p, ws, stream);
-    case -24: return launchScan<T, K, 4, 2>(p, ws, stream);
-    case -41: return launchScan<T, K, 1, 4>(p, ws, stream);
-    case -42: return launchScan<T, K, 2, 4>(p, ws, stream);
-    default: return cudaErrorInvalidValue;
-    }
+        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kern<<<dim3(p.N, p.Hv, p.V / vt), (vt / 16) * 32, smem, stream>>>(p, ws);
+        return cudaGetLastError();
+    };
+    if (nw == 4)
+        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>,
+            int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64);
+    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
 }
 
 template <int K>
@@ -238,15 +218,15 @@ cudaError_t launchRecurrent(GdnPrefillParams const& p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int variant, cudaStream_t stream)
+cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cudaStream_t stream)
 {
 #define GDN_PREFILL_K(KK)                                                                                              \
     if (p.K == KK)                                                                                                     \
     {                                                                                                                  \
         if (p.ioType == DType::kBFloat16)                                                                              \
-            return launchChunked<__nv_bfloat16, KK>(p, ws, variant, stream);                                              \
+            return launchChunked<__nv_bfloat16, KK>(p, ws, nw, stream);                                                \
         if (p.ioType == DType::kFloat16)                                                                               \
-            return launchChunked<__half, KK>(p, ws, variant, stream);                                                     \
+            return launchChunked<__half, KK>(p, ws, nw, stream);                                                       \
         return launchRecurrent<KK>(p, stream);                                                                         \
     }
     GDN_PREFILL_K(64)
@@ -256,15 +236,11 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int variant,
     return cudaErrorInvalidValue;
 }
 
-// Scan variant (see launchChunked). Measured on H100: benchmarks/notes_prefill.md.
-int pickScanVariant(GdnPrefillParams const&)
+// Warps per scan CTA (V-tile = 16 * warps). Measured on H100 (benchmarks/notes_prefill.md): 4 warps
+// beat 2 on every benchmark case, including 1x64K where 4 warps leave half the SMs idle.
+int pickScanWarps(GdnPrefillParams const&)
 {
-    return -22;
-}
-
-bool isScanVariant(int v)
-{
-    return v == 2 || v == 4 || v == -22 || v == -24 || v == -41 || v == -42;
+    return 4;
 }
 
 } // namespace
@@ -300,8 +276,8 @@ size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
     return wsLayout(p).total;
 }
 
-// variant: scan variant (see launchChunked); anything else picks one. Exposed for tests and benchmarks.
-cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int variant)
+// nw: warps per scan CTA (2 or 4); <= 0 picks one. Exposed for tests and benchmarks.
+cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int nw)
 {
     if (gdnPrefillSupports(p)[0] != '\0')
         return cudaErrorInvalidValue;
@@ -312,9 +288,9 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
     ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq)};
-    if (!isScanVariant(variant))
-        variant = pickScanVariant(p);
-    return dispatchK(p, ws, variant, stream);
+    if (nw != 2 && nw != 4)
+        nw = pickScanWarps(p);
+    return dispatchK(p, ws, nw, stream);
 }
 
 cudaError_t launchGdnPrefill(GdnPrefillParams const& p, cudaStream_t stream)

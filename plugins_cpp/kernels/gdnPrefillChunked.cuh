@@ -4,12 +4,20 @@
 // id = bos_n / 64 + n + c, unique and < T/64 + N, so no host read of cu_seqlens is needed.
 //   tm  [id][h][64][64] T : Tm' = (I + L)^-1 diag(beta), L_ij = beta_i e^{G_i-G_j} kn_i.kn_j (j < i)
 //   aqk [id][h][64][64] T : Aqk_ij = e^{G_i-G_j} qn_i.kn_j (j <= i), qn = scale * q/|q|, kn = k/|k|
-//   gqk [id][h][3][64] f32: G (cumulative log decay), qs = scale * rq, rk (inverse norms or 1)
+//   gq  [id][h][64][4] f32: per token e^G rk, e^G qs, e^{G_C - G} rk, e^{G_C} (G: cumulative log decay,
+//                           G_C = G of the last token, qs = scale * rq, rq, rk: inverse norms or 1)
 // Tokens past the sequence end get g = 0, beta = 0, rq = rk = 0 (all their terms vanish).
 //
-// Prep kernel (parallel over chunks x heads): q.k^T and k.k^T on tensor cores, the unit lower
-// triangular inverse by forward substitution (one column per thread, fp32 registers).
-// Scan kernel (per sequence x value head x V-tile, sequential over chunks): gdnPrefillScan.cuh.
+// Prep kernel (parallel over chunks x heads): q.k^T, k.k^T and the diagonal of q.q^T (the squared
+// norms) on tensor cores; the unit lower triangular inverse by 16x16 blocks: diagonal blocks by fp32
+// forward substitution, the blocks below them by tf32 tensor-core products.
+// Scan kernel (per sequence x value head x V-tile, sequential over chunks), each warp owns 16 value
+// columns and keeps S^T (16 x K, fp32) in mma accumulators, which double as A fragments:
+//   P^T = S^T k^T ; X = v - e^G rk P ; delta^T = X^T Tm'^T
+//   o^T = (e^G qs) (S^T q^T) + delta^T Aqk^T
+//   S^T = e^{G_C} S^T + (delta e^{G_C - G} rk)^T k
+// Raw q, k, v tiles and the workspace slot of the next chunk stream in by cp.async (double buffer);
+// the norms, scale and decays are applied to the accumulators, never to the operands.
 #pragma once
 
 #include "gdnCommon.cuh"
@@ -52,7 +60,8 @@ template <typename T, int K>
 struct PrepSmem
 {
     static constexpr int KS = K + 8;  // padded row (16 B): conflict-free ldmatrix
-    static constexpr int LS = kC + 4;
+    static constexpr int LS = kC + 4;  // conflict-free tf32 A-fragment loads
+    static constexpr int RS = 24;      // conflict-free tf32 B-fragment loads
     union
     {
         struct
@@ -60,10 +69,13 @@ struct PrepSmem
             T q[kC][KS];
             T k[kC][KS];
         } in;
-        float X[kC][LS];  // (I + L)^-1, built after q and k are consumed
+        struct
+        {
+            float X[kC][LS];       // (I + L)^-1, built after q and k are consumed
+            float R[4][16][RS];    // per-warp 16x16 scratch of the block-row products
+        } inv;
     } u;
     float L[kC][LS];
-    float R[16][48];
     float G[kC], beta[kC], qs[kC], rk[kC];
     float scanTmp[2];
 };
@@ -122,37 +134,15 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
     __syncthreads();
     if (tid >= 32 && tid < kC)
         sm.G[tid] += sm.scanTmp[0];
-    // inverse norms (warp w: rows w, w+4, ...)
-    float const scale = effectiveScale(p.scale, K);
-    for (int r = warp; r < kC; r += 4)
-    {
-        float sq = 0.f, sk = 0.f;
-        for (int cc = lane; cc < K; cc += 32)
-        {
-            float const a = toFloat(sm.u.in.q[r][cc]), b = toFloat(sm.u.in.k[r][cc]);
-            sq += a * a;
-            sk += b * b;
-        }
-        sq = warpSum(sq);
-        sk = warpSum(sk);
-        if (lane == 0)
-        {
-            bool const ok = r < len;
-            float const rq = p.useQkL2norm ? rsqrtf(sq + p.l2normEps) : 1.f;
-            float const rkk = p.useQkL2norm ? rsqrtf(sk + p.l2normEps) : 1.f;
-            sm.qs[r] = ok ? scale * rq : 0.f;
-            sm.rk[r] = ok ? rkk : 0.f;
-        }
-    }
-    __syncthreads();
-
-    // k.k^T and q.k^T for rows 16w..16w+15 (8 n8 tiles over the 64 columns)
-    float kk[8][4], qk[8][4];
+    // k.k^T and q.k^T for rows 16w..16w+15 (8 n8 tiles over the 64 columns), and the diagonal block
+    // of q.q^T: the squared norms |q_i|^2, |k_i|^2 come out of the diagonals (exact bf16/fp16
+    // products, fp32 accumulation, as a scalar fp32 loop would give).
+    float kk[8][4], qk[8][4], qq[2][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            kk[j][e] = qk[j][e] = 0.f;
+            kk[j][e] = qk[j][e] = qq[j & 1][e] = 0.f;
 #pragma unroll
     for (int s = 0; s < K / 16; ++s)
     {
@@ -163,6 +153,12 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
         // r1=(0-7,hi), r2=(8-15,lo), r3=(8-15,hi); the A fragment wants (0-7,lo),(8-15,lo),(0-7,hi),(8-15,hi).
         uint32_t const a1[4] = {ak[0], ak[2], ak[1], ak[3]};
         uint32_t const a2[4] = {aq[0], aq[2], aq[1], aq[3]};
+        {
+            uint32_t b[4];
+            ldsmX4(b, ldsmRowsNK(&sm.u.in.q[0][0], KS, warp, s, lane));
+            mma16816<T>(qq[0], a2, b[0], b[1]);
+            mma16816<T>(qq[1], a2, b[2], b[3]);
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
         {
@@ -176,10 +172,34 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
             mma16816<T>(qk[2 * j + 1], a2, b[2], b[3]);
         }
     }
+    // inverse norms: diagonal element r of the 16x16 block sits in n8 tile r/8, row g = r%8 (c index
+    // 2 (r/8) + r%2) of the lane with g = r%8, q = g/2: 8 lanes hold two rows each
+    float const scale = effectiveScale(p.scale, K);
+    if ((lane & 3) == (lane >> 3))
+    {
+        int const g = lane >> 2, e = g & 1;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+        {
+            float sk = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j == warp)
+                    sk = e ? kk[2 * j + hh][2 * hh + 1] : kk[2 * j + hh][2 * hh];
+            float const sq = e ? qq[hh][2 * hh + 1] : qq[hh][2 * hh];
+            int const r = 16 * warp + g + 8 * hh;
+            bool const ok = r < len;
+            float const rq = p.useQkL2norm ? rsqrtf(sq + p.l2normEps) : 1.f;
+            float const rkk = p.useQkL2norm ? rsqrtf(sk + p.l2normEps) : 1.f;
+            sm.qs[r] = ok ? scale * rq : 0.f;
+            sm.rk[r] = ok ? rkk : 0.f;
+        }
+    }
+    __syncthreads();
     int64_t const slot = (int64_t)id * Hv + h;
     T* aqkOut = static_cast<T*>(ws.aqk) + slot * (kC * kC);
     T* tmOut = static_cast<T*>(ws.tm) + slot * (kC * kC);
-    float* gqOut = ws.gq + slot * (3 * kC);
+    float* gqOut = ws.gq + slot * (4 * kC);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -200,7 +220,9 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
         }
     __syncthreads();
     // (I + L)^-1 by 16x16 blocks: X_aa = (I + L_aa)^-1 by forward substitution (one column per
-    // thread), then block rows a = 1..3: X_a,<a = -X_aa (L_a,<a X_<a,<a).
+    // thread, fp32), then warp b builds column block b downwards on tensor cores (tf32 operands, fp32
+    // accumulate): X_ab = -X_aa (sum_{m=b}^{a-1} L_am X_mb), a = b+1..3. The tf32 rounding (2^-11) is
+    // below the 16-bit rounding of the Tm' that is stored.
     if (tid < kC)
     {
         int const a = tid >> 4, cl = tid & 15, o = 16 * a;
@@ -216,47 +238,309 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
         }
 #pragma unroll
         for (int i = 0; i < 16; ++i)
-            sm.u.X[o + i][o + cl] = x[i];
+            sm.u.inv.X[o + i][o + cl] = x[i];
     }
     __syncthreads();
-#pragma unroll
-    for (int a = 1; a < 4; ++a)
     {
-        int const o = 16 * a, w = 16 * a;  // w: columns left of the diagonal block
-        for (int idx = tid; idx < 16 * w; idx += 128)
+        constexpr int LS = PrepSmem<T, K>::LS, RS = PrepSmem<T, K>::RS;
+        int const b = warp, gr = lane >> 2, qd = lane & 3;
+        float(&R)[16][RS] = sm.u.inv.R[warp];
+        for (int a = b + 1; a < 4; ++a)
         {
-            int const i = idx / w, col = idx % w;
-            float acc = 0.f;
-            for (int j = (col >> 4) << 4; j < o; ++j)  // X[j][col] = 0 above the block diagonal
-                acc = fmaf(sm.L[o + i][j], sm.u.X[j][col], acc);
-            sm.R[i][col] = acc;
+            float acc[2][4] = {};
+            for (int m = b; m < a; ++m)
+                mmaBlock16Tf32(acc, &sm.L[16 * a][16 * m], LS, &sm.u.inv.X[16 * m][16 * b], LS, lane);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+            {
+                *reinterpret_cast<float2*>(&R[gr][8 * nt + 2 * qd]) = make_float2(acc[nt][0], acc[nt][1]);
+                *reinterpret_cast<float2*>(&R[gr + 8][8 * nt + 2 * qd]) = make_float2(acc[nt][2], acc[nt][3]);
+            }
+            __syncwarp();
+            float x[2][4] = {};
+            mmaBlock16Tf32(x, &sm.u.inv.X[16 * a][16 * a], LS, &R[0][0], RS, lane);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+            {
+                float* xo = &sm.u.inv.X[16 * a + gr][16 * b + 8 * nt + 2 * qd];
+                *reinterpret_cast<float2*>(xo) = make_float2(-x[nt][0], -x[nt][1]);
+                *reinterpret_cast<float2*>(xo + 8 * LS) = make_float2(-x[nt][2], -x[nt][3]);
+            }
+            __syncwarp();
         }
-        __syncthreads();
-        for (int idx = tid; idx < 16 * w; idx += 128)
-        {
-            int const i = idx / w, col = idx % w;
-            float acc = 0.f;
-            for (int m = 0; m <= i; ++m)
-                acc = fmaf(sm.u.X[o + i][o + m], sm.R[m][col], acc);
-            sm.u.X[o + i][col] = -acc;
-        }
-        __syncthreads();
     }
+    __syncthreads();
     // Tm' = X diag(beta) (zero above the block diagonal), and the per-token scalars
     for (int idx = tid; idx < kC * kC / 2; idx += 128)
     {
         int const i = idx / (kC / 2), c2 = 2 * (idx % (kC / 2));
         bool const lo = (c2 >> 4) <= (i >> 4);
-        float const v0 = lo ? sm.u.X[i][c2] * sm.beta[c2] : 0.f;
-        float const v1 = lo ? sm.u.X[i][c2 + 1] * sm.beta[c2 + 1] : 0.f;
+        float const v0 = lo ? sm.u.inv.X[i][c2] * sm.beta[c2] : 0.f;
+        float const v1 = lo ? sm.u.inv.X[i][c2 + 1] * sm.beta[c2 + 1] : 0.f;
         *reinterpret_cast<uint32_t*>(tmOut + i * kC + c2) = pack2<T>(v0, v1);
     }
     if (tid < kC)
     {
-        gqOut[tid] = sm.G[tid];
-        gqOut[kC + tid] = sm.qs[tid];
-        gqOut[2 * kC + tid] = sm.rk[tid];
+        float const G = sm.G[tid], GC = sm.G[kC - 1], eg = __expf(G);
+        *reinterpret_cast<float4*>(gqOut + 4 * tid)
+            = make_float4(eg * sm.rk[tid], eg * sm.qs[tid], __expf(GC - G) * sm.rk[tid], __expf(GC));
     }
+}
+
+template <typename T, int K, int NW>
+struct ScanSmem
+{
+    static constexpr int KS = K + 8, VT = 16 * NW, VS = VT + 8, CS = kC + 8, OS = 16 + 8;
+    struct Stage
+    {
+        T k[kC][KS];
+        T q[kC][KS];
+        T v[kC][VS];
+        T tm[kC][CS];
+        T aqk[kC][CS];
+        float gq[kC][4];  // the workspace gq slot
+    };
+    Stage st[2];
+    T out[NW][kC][OS];
+};
+
+// Rows [0, len) of a [rows][CH*8] 16-bit tile from global rows `g + r * gStride` into shared rows of
+// `sStride` elements at byte address `dst` (rows >= len zero-filled). Per-thread offsets are fixed, so
+// each pass is one pointer add and one cp.async.
+template <int CH, int NT>
+__device__ __forceinline__ void issueTile(uint32_t dst, int sStride, uint16_t const* g, int64_t gStride, int len)
+{
+    constexpr int RP = NT / CH;  // rows per pass
+    static_assert(NT % CH == 0 && kC % RP == 0, "tile split");
+    int const tid = threadIdx.x, r0 = tid / CH, cc = (tid % CH) * 8;
+    uint16_t const* src = g + r0 * gStride + cc;
+    dst += 2u * (r0 * sStride + cc);
+#pragma unroll
+    for (int pass = 0; pass < kC / RP; ++pass)
+    {
+        bool const ok = r0 + pass * RP < len;
+        cpAsync16(dst + 2u * pass * RP * sStride, ok ? src + pass * RP * gStride : g, ok ? 16 : 0);
+    }
+}
+
+template <typename T, int K, int NW>
+__device__ __forceinline__ void scanIssueStage(uint32_t stAddr, GdnPrefillParams const& p, ChunkWs const& ws,
+    int64_t slot, int t0, int len, int h, int hk, int vbase)
+{
+    using SM = ScanSmem<T, K, NW>;
+    using St = typename SM::Stage;
+    constexpr int NT = 32 * NW;
+    int64_t const qkRow = (int64_t)p.Hk * K, vRow = (int64_t)p.Hv * p.V;
+    int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K;
+    issueTile<K / 8, NT>(stAddr + offsetof(St, k), SM::KS, static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
+    issueTile<K / 8, NT>(stAddr + offsetof(St, q), SM::KS, static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
+    issueTile<SM::VT / 8, NT>(stAddr + offsetof(St, v), SM::VS,
+        static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase, vRow, len);
+    issueTile<kC / 8, NT>(stAddr + offsetof(St, tm), SM::CS, static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC),
+        kC, kC);
+    issueTile<kC / 8, NT>(stAddr + offsetof(St, aqk), SM::CS,
+        static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
+    float const* gq = ws.gq + slot * (4 * kC);
+    if (threadIdx.x < kC)
+        cpAsync16(stAddr + offsetof(St, gq) + 16u * threadIdx.x, gq + 4 * threadIdx.x, 16);
+}
+
+template <typename T, int K, int NW>
+__global__ void __launch_bounds__(32 * NW, 1) gdnPrefillScanKernel(GdnPrefillParams const p, ChunkWs const ws)
+{
+    using SM = ScanSmem<T, K, NW>;
+    constexpr int KS = SM::KS, CS = SM::CS, NKT = K / 8;  // NKT: n8 tiles of S^T over K
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+    auto& sm = *reinterpret_cast<SM*>(smemRaw);
+    int const n = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
+    int const vbase = blockIdx.z * SM::VT;
+    int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
+    int const nch = (L + kC - 1) / kC, id0 = bos / kC + n;
+    int const gr = lane >> 2, qd = lane & 3;
+    int const vw = vbase + 16 * warp;  // this warp's first value column
+
+    // S^T (16 value rows x K) in accumulator layout: s[t][e] = S[8t + 2qd + (e&1)][vw + gr + 8(e>>1)]
+    float s[NKT][4];
+    int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
+#pragma unroll
+    for (int t = 0; t < NKT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            s[t][e] = p.initialState ? p.initialState[sbase + (int64_t)(8 * t + 2 * qd + (e & 1)) * V + vw + gr
+                                                      + 8 * (e >> 1)]
+                                     : 0.f;
+    using St = typename SM::Stage;
+    uint32_t const st0 = smemAddr(&sm.st[0]);
+    uint32_t const laneQK = ldsmLaneNK(KS, lane), laneC = ldsmLaneNK(CS, lane), laneKT = ldsmLaneKN(KS, lane);
+    // stmatrix .x4 row addresses for the 8x8 matrices (j + (lane >> 4), hh = (lane >> 3) & 1)
+    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
+    uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
+    if (nch > 0)
+        scanIssueStage<T, K, NW>(st0, p, ws, (int64_t)id0 * Hv + h, bos, min(kC, L), h, hk, vbase);
+    cpAsyncCommit();
+
+    for (int c = 0; c < nch; ++c)
+    {
+        cpAsyncWaitAll();
+        __syncthreads();
+        if (c + 1 < nch)
+            scanIssueStage<T, K, NW>(st0 + ((c + 1) & 1) * uint32_t(sizeof(St)), p, ws, (int64_t)(id0 + c + 1) * Hv + h, bos + (c + 1) * kC,
+                min(kC, L - (c + 1) * kC), h, hk, vbase);
+        cpAsyncCommit();
+        auto const& st = sm.st[c & 1];
+        int const len = min(kC, L - c * kC);
+        uint32_t const sb = st0 + (c & 1) * uint32_t(sizeof(St));
+        uint32_t const aK = sb + offsetof(St, k) + laneQK, aQ = sb + offsetof(St, q) + laneQK;
+        uint32_t const aTm = sb + offsetof(St, tm) + laneC, aAq = sb + offsetof(St, aqk) + laneC;
+        uint32_t const aKT = sb + offsetof(St, k) + laneKT;
+
+        // P^T = S^T k^T and O1^T = S^T q^T (16 x 64 each)
+        float pa[8][4], oa[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                pa[j][e] = oa[j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < K / 16; ++kk)
+        {
+            uint32_t a[4];
+            accToA<T>(a, s, kk);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                uint32_t b[4];
+                ldsmX4(b, aK + 2u * (16 * j * KS + 16 * kk));
+                mma16816<T>(pa[2 * j], a, b[0], b[1]);
+                mma16816<T>(pa[2 * j + 1], a, b[2], b[3]);
+                ldsmX4(b, aQ + 2u * (16 * j * KS + 16 * kk));
+                mma16816<T>(oa[2 * j], a, b[0], b[1]);
+                mma16816<T>(oa[2 * j + 1], a, b[2], b[3]);
+            }
+        }
+        // X = v - e^G rk P ; O1 *= e^G qs (per-token factors precomputed by the prep kernel)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+            {
+                int const tok = 8 * j + 2 * qd + e;
+                float2 const f = *reinterpret_cast<float2 const*>(&st.gq[tok][0]);
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                {
+                    float const vv = toFloat(st.v[tok][16 * warp + gr + 8 * hh]);
+                    pa[j][2 * hh + e] = vv - f.x * pa[j][2 * hh + e];
+                    oa[j][2 * hh + e] *= f.y;
+                }
+            }
+        // delta^T = X^T Tm'^T
+        float da[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                da[j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+        {
+            uint32_t a[4];
+            accToA<T>(a, pa, kk);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                if (kk > j)
+                    continue;  // Tm' is lower (block) triangular
+                uint32_t b[4];
+                ldsmX4(b, aTm + 2u * (16 * j * CS + 16 * kk));
+                mma16816<T>(da[2 * j], a, b[0], b[1]);
+                mma16816<T>(da[2 * j + 1], a, b[2], b[3]);
+            }
+        }
+        // O^T += delta^T Aqk^T
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+        {
+            uint32_t a[4];
+            accToA<T>(a, da, kk);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                if (kk > j)
+                    continue;  // Aqk is causal (lower triangular)
+                uint32_t b[4];
+                ldsmX4(b, aAq + 2u * (16 * j * CS + 16 * kk));
+                mma16816<T>(oa[2 * j], a, b[0], b[1]);
+                mma16816<T>(oa[2 * j + 1], a, b[2], b[3]);
+            }
+        }
+        // o -> per-warp staging (token rows; sm_90: stmatrix.trans of the accumulator pairs), then 4-byte
+        // coalesced stores of the valid rows
+        {
+            T(&ob)[kC][SM::OS] = sm.out[warp];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+            for (int j = 0; j < 8; j += 2)
+                stsmX4T(aOut + 2u * (8 * j * SM::OS), pack2<T>(oa[j][0], oa[j][1]), pack2<T>(oa[j][2], oa[j][3]),
+                    pack2<T>(oa[j + 1][0], oa[j + 1][1]), pack2<T>(oa[j + 1][2], oa[j + 1][3]));
+#else
+            (void)aOut;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    ob[8 * j + 2 * qd + (e & 1)][gr + 8 * (e >> 1)] = fromFloat<T>(oa[j][e]);
+#endif
+            __syncwarp();
+            T* og = static_cast<T*>(p.o) + ((int64_t)(bos + c * kC) * Hv + h) * V + vw;
+#pragma unroll
+            for (int it = 0; it < kC / 4; ++it)
+            {
+                int const r = 4 * it + (lane >> 3), cc = 2 * (lane & 7);
+                if (r < len)
+                    *reinterpret_cast<uint32_t*>(og + (int64_t)r * Hv * V + cc)
+                        = *reinterpret_cast<uint32_t const*>(&ob[r][cc]);
+            }
+            __syncwarp();
+        }
+        // S^T = e^{G_C} S^T + (delta e^{G_C - G} rk)^T k
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+            {
+                float const f = st.gq[8 * j + 2 * qd + e][2];
+                da[j][e] *= f;
+                da[j][2 + e] *= f;
+            }
+        float const eGC = st.gq[0][3];
+#pragma unroll
+        for (int t = 0; t < NKT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s[t][e] *= eGC;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+        {
+            uint32_t a[4];
+            accToA<T>(a, da, kk);
+#pragma unroll
+            for (int m = 0; m < K / 16; ++m)
+            {
+                uint32_t b[4];
+                ldsmX4T(b, aKT + 2u * (16 * kk * KS + 16 * m));
+                mma16816<T>(s[2 * m], a, b[0], b[1]);
+                mma16816<T>(s[2 * m + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    cpAsyncWaitAll();
+#pragma unroll
+    for (int t = 0; t < NKT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            p.finalState[sbase + (int64_t)(8 * t + 2 * qd + (e & 1)) * V + vw + gr + 8 * (e >> 1)] = s[t][e];
 }
 
 } // namespace prefill_chunked

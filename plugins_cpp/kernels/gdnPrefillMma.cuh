@@ -1,5 +1,6 @@
-// Warp-level tensor-core helpers for the chunked prefill (sm_80+ mma.sync m16n8k16, ldmatrix,
-// cp.async). Private to gdnPrefill.cu. Fragment layouts (PTX ISA, m16n8k16, g = lane/4, q = lane%4):
+// Warp-level tensor-core helpers for the chunked prefill (sm_80+ mma.sync m16n8k16 / tf32 m16n8k8,
+// ldmatrix, cp.async; stmatrix on sm_90). Private to gdnPrefill.cu.
+// Fragment layouts (PTX ISA, m16n8k16, g = lane/4, q = lane%4):
 //   A (16x16, row): a0 (g, 2q..2q+1)  a1 (g+8, 2q..)  a2 (g, 2q+8..)  a3 (g+8, 2q+8..)
 //   B (16x8, col) : b0 (k=2q..2q+1, n=g)  b1 (k=2q+8.., n=g)
 //   C (16x8)      : c0,c1 (g, 2q..2q+1)   c2,c3 (g+8, 2q..2q+1)
@@ -39,7 +40,6 @@ __device__ __forceinline__ void cpAsyncWaitAll()
 {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
-
 __device__ __forceinline__ void ldsmX4(uint32_t (&r)[4], void const* p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -66,6 +66,19 @@ __device__ __forceinline__ void ldsmX4T(uint32_t (&r)[4], uint32_t addr)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+// stmatrix .x4 .trans (sm_90): lanes 8m..8m+7 give the row addresses of matrix m; register m of each
+// lane holds the (row lane/4, columns 2(lane%4), +1) pair of matrix m, stored transposed.
+__device__ __forceinline__ void stsmX4T(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+#else
+    __trap();  // callers use it under __CUDA_ARCH__ >= 900 only
+#endif
+}
+
 // Per-lane byte offsets of the ldsmRowsNK / ldsmRowsKN patterns (element size 2, row stride in elements);
 // tile (j|m, kk) then adds the compile-time 2 * (16 j * stride + 16 kk) or 2 * (16 kk * stride + 16 m).
 __device__ __forceinline__ uint32_t ldsmLaneNK(int stride, int lane)
@@ -112,6 +125,46 @@ __device__ __forceinline__ void mma16816<__half>(float (&d)[4], uint32_t const (
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// fp32 -> tf32 (round to nearest, ties away), as the b32 operand of a tf32 mma
+__device__ __forceinline__ uint32_t toTf32(float x)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// d += a * b, m16n8k8 tf32 (A 16x8 row: a0 (g, q) a1 (g+8, q) a2 (g, q+4) a3 (g+8, q+4);
+// B 8x8 col: b0 (k=q, n=g) b1 (k=q+4, n=g); C as for m16n8k16)
+__device__ __forceinline__ void mmaTf32(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc (16x16 as two n8 tiles, C layout) += A (16x16, row-major fp32 in shared memory, row stride lda)
+// * B (16x16, row-major [k][n], stride ldb), on tf32 tensor cores.
+__device__ __forceinline__ void mmaBlock16Tf32(
+    float (&acc)[2][4], float const* A, int lda, float const* B, int ldb, int lane)
+{
+    int const g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+    {
+        float const* a = A + 8 * kk + q;
+        uint32_t const af[4] = {toTf32(a[g * lda]), toTf32(a[(g + 8) * lda]), toTf32(a[g * lda + 4]),
+            toTf32(a[(g + 8) * lda + 4])};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+        {
+            float const* bp = B + (8 * kk + q) * ldb + 8 * nt + g;
+            mmaTf32(acc[nt], af, toTf32(bp[0]), toTf32(bp[4 * ldb]));
+        }
+    }
 }
 
 // A fragment of k16 step `kk` from fp32 accumulators acc[n8 tile][4] (two n8 tiles per k16 step).
