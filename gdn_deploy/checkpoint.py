@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .model import GDNBlock, GDNConfig, GDNLM
+from .model import GDNBlock, GDNConfig, GDNLM, check_state_dict
 
 __all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "model_from_state"]
 
@@ -57,16 +57,7 @@ def model_from_state(kind: str, config: dict, state_dict: dict, where: str = "ch
         raise ValueError(f"{where}: bad config: {e}") from e
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise ValueError(f"{where}: state_dict must be a dict of tensors")
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"{where}: state_dict does not match {kind}: missing keys {missing}, "
-                         f"unexpected keys {unexpected}")
-    bad = [f"{k} {tuple(state_dict[k].shape)} (expected {tuple(own[k].shape)})" for k in own
-           if tuple(state_dict[k].shape) != tuple(own[k].shape)]
-    if bad:
-        raise ValueError(f"{where}: shape mismatch: " + "; ".join(bad))
+    check_state_dict(model, state_dict, f"{where}: state_dict does not match {kind}")
     dtypes = {t.dtype for t in state_dict.values() if t.is_floating_point()}
     if len(dtypes) == 1:
         model = model.to(dtypes.pop())
@@ -132,7 +123,8 @@ def load_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> nn.Modul
             if not isinstance(obj, (GDNLM, GDNBlock)):
                 raise ValueError(f"{path}: pickled module is a {type(obj).__name__}, not a GDNLM or GDNBlock")
             return obj.eval()
-    except (RuntimeError, EOFError, OSError) as e:
-        raise ValueError(f"{path}: not a readable torch checkpoint: {e}") from e
+    except (RuntimeError, EOFError, OSError, IndexError, KeyError, TypeError, AttributeError) as e:
+        # what torch.load's unpickler raises on a corrupt or non-torch file (seen: IndexError, KeyError)
+        raise ValueError(f"{path}: not a readable torch checkpoint: {type(e).__name__}: {e}") from e
     _check_header(obj, str(path))
     return model_from_state(obj["kind"], obj["config"], obj["state_dict"], str(path))

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .model import GDNBlock, GDNConfig
+from .model import GDNBlock, GDNConfig, check_state_dict
 
 __all__ = ["block_from_hf", "config_from_hf", "blocks_from_hf_state_dict", "load_hf_folder", "layout_for_model_type"]
 
@@ -88,16 +88,7 @@ def block_from_hf(module: nn.Module) -> GDNBlock:
 
 
 def _load_strict(block: GDNBlock, sd: dict, what: str) -> None:
-    own = block.state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"{what}: state dict does not match GDNBlock({block.config.projection_layout}): "
-                         f"missing {missing}, unexpected {unexpected}")
-    bad = [f"{k}: {tuple(sd[k].shape)} vs expected {tuple(own[k].shape)}" for k in own
-           if tuple(sd[k].shape) != tuple(own[k].shape)]
-    if bad:
-        raise ValueError(f"{what}: shape mismatch: " + "; ".join(bad))
+    check_state_dict(block, sd, f"{what}: state dict does not match GDNBlock({block.config.projection_layout})")
     block.load_state_dict(sd, strict=True)
 
 

@@ -412,3 +412,16 @@ class GDNLM(nn.Module):
             h = h + layer.linear_attn.decode_pool(layer.input_layernorm(h), cs[i], rs[i], slots)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self._logits(h)
+
+
+def check_state_dict(module: nn.Module, state_dict: dict, what: str) -> None:
+    """Raise ValueError naming missing/unexpected keys and shape mismatches of ``state_dict`` against ``module``."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"{what}: missing keys {missing}, unexpected keys {unexpected}")
+    bad = [f"{k} {tuple(state_dict[k].shape)} (expected {tuple(own[k].shape)})" for k in own
+           if tuple(state_dict[k].shape) != tuple(own[k].shape)]
+    if bad:
+        raise ValueError(f"{what}: shape mismatch: " + "; ".join(bad))
