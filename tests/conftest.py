@@ -147,3 +147,31 @@ def cast_inputs(inp: dict[str, Any], dtype: torch.dtype, state_dtype: torch.dtyp
         else:
             out[n] = t.to(dtype)
     return out
+
+
+def ordered_args(inp: dict[str, Any], order: Sequence[str]) -> tuple:
+    """The tensors of an input dict in the op's input order (absent optional inputs left out)."""
+    return tuple(inp[n] for n in order if n in inp)
+
+
+def ordered_dynamic_shapes(inp: dict[str, Any], order: Sequence[str], dims: dict[str, Any]) -> tuple:
+    """torch.export dynamic_shapes matching :func:`ordered_args`: dim 0 of input n is ``dims[n]`` (or static)."""
+    return tuple({0: dims[n]} if n in dims else None for n in order if n in inp)
+
+
+class PrefillOp(torch.nn.Module):
+    """``torch.ops.gdn.prefill`` as a module (for torch.export / ONNX export tests); attributes fixed at init."""
+
+    def __init__(self, **attrs):
+        super().__init__()
+        self.attrs = attrs
+
+    def forward(self, q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bias=None):
+        return torch.ops.gdn.prefill(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias, **self.attrs)
+
+
+class DecodeOp(torch.nn.Module):
+    """``torch.ops.gdn.decode`` (dense state, default attributes) as a module."""
+
+    def forward(self, q, k, v, g, beta, state):
+        return torch.ops.gdn.decode(q, k, v, g, beta, state)

@@ -10,8 +10,9 @@ pytest.importorskip("onnxscript")
 
 from onnx import TensorProto, helper  # noqa: E402
 
-from conftest import (DECODE_ORDER, PREFILL_ORDER, call_decode_ref, call_prefill_ref, cast_inputs,  # noqa: E402
-                      make_decode_inputs, make_prefill_inputs, rel_err)
+from conftest import (DECODE_ORDER, PREFILL_ORDER, DecodeOp, PrefillOp, call_decode_ref, call_prefill_ref,  # noqa: E402
+                      cast_inputs, make_decode_inputs, make_prefill_inputs, ordered_args,
+                      ordered_dynamic_shapes, rel_err)
 from gdn_deploy.export.onnx_functions import overload_name  # noqa: E402
 from gdn_deploy.export.onnx_ops import (add_function_bodies, export_program, gdn_nodes,  # noqa: E402
                                         register_schemas, run_onnxruntime, translation_table)
@@ -151,20 +152,6 @@ def test_add_function_bodies_idempotent_and_checks_inputs(gen):
 
 
 # ---- torch export end to end ------------------------------------------------------------------------
-class _Prefill(torch.nn.Module):
-    def __init__(self, **attrs):
-        super().__init__()
-        self.attrs = attrs
-
-    def forward(self, q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bias=None):
-        return torch.ops.gdn.prefill(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias, **self.attrs)
-
-
-class _Decode(torch.nn.Module):
-    def forward(self, q, k, v, g, beta, state):
-        return torch.ops.gdn.decode(q, k, v, g, beta, state)
-
-
 class _DecodePool(torch.nn.Module):
     def __init__(self, return_pool=True):
         super().__init__()
@@ -175,15 +162,6 @@ class _DecodePool(torch.nn.Module):
         return (o, pool) if self.return_pool else o
 
 
-def _dyn(inp, order, dims):
-    """dynamic_shapes for the positional args ``_args(inp, order)``: axis 0 named by ``dims``."""
-    return tuple({0: dims[n]} if n in dims else None for n in order if n in inp)
-
-
-def _args(inp, order):
-    return tuple(inp[n] for n in order if n in inp)
-
-
 @pytest.fixture(scope="module")
 def prefill_decode_models(tmp_path_factory):
     """A raw-gate GVA-2 prefill and a dense decode graph exported once (dynamic T, N, B)."""
@@ -192,11 +170,11 @@ def prefill_decode_models(tmp_path_factory):
     attrs = dict(gate_mode=1, use_qk_l2norm=1)
     inp = cast_inputs(make_prefill_inputs(gen, [3, 5], 1, 2, K=16, V=16, **attrs), torch.float32)
     dims = dict(q="T", k="T", v="T", g="T", beta="T", cu_seqlens="N1", initial_state="N")
-    pre = export_program(_Prefill(**attrs), _args(inp, PREFILL_ORDER), d / "prefill.onnx",
-                         dynamic_shapes=_dyn(inp, PREFILL_ORDER, dims))
+    pre = export_program(PrefillOp(**attrs), ordered_args(inp, PREFILL_ORDER), d / "prefill.onnx",
+                         dynamic_shapes=ordered_dynamic_shapes(inp, PREFILL_ORDER, dims))
     dec_inp = cast_inputs(make_decode_inputs(gen, 2, 1, 2, K=16, V=16), torch.float32)
     B = torch.export.Dim("batch", min=1, max=1024)       # Dim objects work as well as names
-    dec = export_program(_Decode(), _args(dec_inp, DECODE_ORDER), d / "decode.onnx",
+    dec = export_program(DecodeOp(), ordered_args(dec_inp, DECODE_ORDER), d / "decode.onnx",
                          dynamic_shapes=tuple({0: B} for _ in range(6)))
     return d / "prefill.onnx", d / "decode.onnx", pre, dec
 
@@ -221,7 +199,7 @@ def test_exported_prefill_then_decode_steps_match_torch(prefill_decode_models, g
     attrs = dict(gate_mode=1, use_qk_l2norm=1)
     for seqlens in ([7, 0, 1, 12], [64]):        # different T and N than at export, incl. empty/single
         inp = cast_inputs(make_prefill_inputs(gen, seqlens, 1, 2, K=16, V=16, **attrs), torch.float32)
-        o, state = run_onnxruntime(pre_path, _args(inp, PREFILL_ORDER))
+        o, state = run_onnxruntime(pre_path, ordered_args(inp, PREFILL_ORDER))
         o64, s64 = call_prefill_ref(inp, **attrs, compute_dtype=torch.float64)
         assert rel_err(o, o64) < FP32_TOL and rel_err(state, s64) < FP32_TOL
     # carry the last prefill state through three decode steps
@@ -229,9 +207,9 @@ def test_exported_prefill_then_decode_steps_match_torch(prefill_decode_models, g
     for _ in range(3):
         step = cast_inputs(make_decode_inputs(gen, state.shape[0], 1, 2, K=16, V=16), torch.float32)
         step["state"] = state
-        o, state = run_onnxruntime(dec_path, _args(step, DECODE_ORDER))
+        o, state = run_onnxruntime(dec_path, ordered_args(step, DECODE_ORDER))
         step["state"] = ref_state
-        o_ref, ref_state = torch.ops.gdn.decode(*_args(step, DECODE_ORDER))
+        o_ref, ref_state = torch.ops.gdn.decode(*ordered_args(step, DECODE_ORDER))
         assert rel_err(o, o_ref) < FP32_TOL and rel_err(state, ref_state) < FP32_TOL
 
 
@@ -239,11 +217,11 @@ def test_export_fp16_prefill(tmp_path, gen):
     inp = cast_inputs(make_prefill_inputs(gen, [4, 6], 2, 2, K=16, V=8), torch.float16)
     dims = dict(q="T", k="T", v="T", g="T", beta="T", cu_seqlens="N1", initial_state="N")
     path = tmp_path / "prefill_fp16.onnx"
-    model = export_program(_Prefill(scale=0.5), _args(inp, PREFILL_ORDER), path,
-                           dynamic_shapes=_dyn(inp, PREFILL_ORDER, dims))
+    model = export_program(PrefillOp(scale=0.5), ordered_args(inp, PREFILL_ORDER), path,
+                           dynamic_shapes=ordered_dynamic_shapes(inp, PREFILL_ORDER, dims))
     assert model.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT16
     inp = cast_inputs(make_prefill_inputs(gen, [9, 0, 3], 2, 2, K=16, V=8), torch.float16)
-    o, s = run_onnxruntime(path, _args(inp, PREFILL_ORDER))
+    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER))
     o64, s64 = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64), scale=0.5)
     assert o.dtype == torch.float16 and rel_err(o, o64) < SPEC.kernel_tolerance("float16")
     assert rel_err(s, s64) < 1e-4
@@ -255,17 +233,17 @@ def test_export_decode_pool_updates_pool_output(tmp_path, gen):
     dims = dict(q="B", k="B", v="B", g="B", beta="B", slots="B", state="P")
     order = ("q", "k", "v", "g", "beta", "state", "slots", "A_log", "dt_bias")
     path = tmp_path / "pool.onnx"
-    model = export_program(_DecodePool(), _args(inp, order), path, dynamic_shapes=_dyn(inp, order, dims),
-                           output_names=["o", "pool_out"])
+    model = export_program(_DecodePool(), ordered_args(inp, order), path,
+                           dynamic_shapes=ordered_dynamic_shapes(inp, order, dims), output_names=["o", "pool_out"])
     (node,) = gdn_nodes(model)
     assert node.op_type == "GatedDeltaDecode" and node.overload == "gate1_l2norm1_state1"
     assert len(model.graph.output) == 2 and model.graph.output[1].name == "pool_out"
     inp = cast_inputs(make_decode_inputs(gen, 4, 1, 2, K=8, V=8, gate_mode=1, use_qk_l2norm=1, pool_size=7),
                       torch.float32)
     inp["slots"][2] = -1
-    o, pool = run_onnxruntime(path, _args(inp, order))
+    o, pool = run_onnxruntime(path, ordered_args(inp, order))
     ref_pool = inp["state"].clone()
-    o_ref = torch.ops.gdn.decode_pool_(*_args(dict(inp, state=ref_pool), order), gate_mode=1, use_qk_l2norm=1)
+    o_ref = torch.ops.gdn.decode_pool_(*ordered_args(dict(inp, state=ref_pool), order), gate_mode=1, use_qk_l2norm=1)
     assert rel_err(o, o_ref) < FP32_TOL and rel_err(pool, ref_pool) < FP32_TOL
     assert torch.count_nonzero(o[2]) == 0
 
@@ -274,4 +252,4 @@ def test_pool_update_not_returned_is_an_error(gen):
     inp = cast_inputs(make_decode_inputs(gen, 2, 1, 1, K=8, V=8, gate_mode=1, pool_size=3), torch.float32)
     order = ("q", "k", "v", "g", "beta", "state", "slots", "A_log", "dt_bias")
     with pytest.raises(ValueError, match="return the pool"):
-        export_program(_DecodePool(return_pool=False), _args(inp, order), None)
+        export_program(_DecodePool(return_pool=False), ordered_args(inp, order), None)
