@@ -3,7 +3,7 @@
 #   build/plugins_cpp/kernels/libgdn_kernels.so        (ctypes: gdn_deploy.kernels)
 #   build/plugins_cpp/kernels/libgdn_kernels_static.a  (TensorRT plugin library)
 # Usage: scripts/build_kernels.sh [--all] [ARCHS]
-#   ARCHS   CMake CUDA architectures, default $GDN_CUDA_ARCHS or "80;89;90" (CI: "90")
+#   ARCHS   CMake CUDA architectures, default $GDN_CUDA_ARCHS or "80;89;90a" (CI: "90a")
 #   --all   build every target (also the TensorRT plugins when their headers are found)
 # Env: GDN_BUILD_DIR (default build/), GDN_CMAKE_ARGS (extra configure args, e.g. -DGDN_SKIP_PREFILL=ON)
 set -euo pipefail
@@ -13,7 +13,7 @@ if [[ "${1:-}" == "--all" ]]; then
   targets=()
   shift
 fi
-archs=${1:-${GDN_CUDA_ARCHS:-80;89;90}}
+archs=${1:-${GDN_CUDA_ARCHS:-80;89;90a}}
 build=${GDN_BUILD_DIR:-$root/build}
 gen=()
 if [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then

@@ -4,7 +4,7 @@
 # next one still runs. Exit status: 0 only when every step that ran passed.
 #
 #   scripts/device_gpu_check.sh [--quick] [--skip-build] [--skip-tests] [--skip-bench]
-# Env: GDN_CUDA_ARCHS (default "80;89;90"), GDN_PYTEST_ARGS (extra pytest args, e.g. "-k decode"),
+# Env: GDN_CUDA_ARCHS (default "80;89;90a"), GDN_PYTEST_ARGS (extra pytest args, e.g. "-k decode"),
 #      GDN_BENCH_ARGS (extra benchmark args), GDN_T_BUILD/GDN_T_TESTS/GDN_T_BENCH (step time limits, s).
 # FLA for the benchmark: wheels in .whl/ (carried) are installed to /tmp/site first.
 # Files written to $OUT (<= 8): summary.txt build.log tests.log bench.log bench_kernels.csv bench_kernels.json
@@ -59,7 +59,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   rm -f "$out/pip.txt"
 fi
 
-archs=${GDN_CUDA_ARCHS:-80;89;90}
+archs=${GDN_CUDA_ARCHS:-80;89;90a}
 if [[ $build -eq 1 ]]; then
   step build "${GDN_T_BUILD:-240}" scripts/build_kernels.sh --all "$archs"
   if [[ ! -f build/plugins_cpp/kernels/libgdn_kernels.so ]]; then

@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 bash scripts/setup.sh test
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-    echo "[test] compiling CUDA kernels for sm_${GDN_CI_ARCH:-90} (compile check; kernels run only on a GPU)"
-    GDN_BUILD_DIR="$PWD/build" bash scripts/build_kernels.sh --all "${GDN_CI_ARCH:-90}"
+    echo "[test] compiling CUDA kernels for sm_${GDN_CI_ARCH:-90a} (compile check; kernels run only on a GPU)"
+    GDN_BUILD_DIR="$PWD/build" bash scripts/build_kernels.sh --all "${GDN_CI_ARCH:-90a}"
 else
     echo "[test] nvcc not found: skipping the CUDA compile check"
 fi

@@ -1,13 +1,16 @@
 // GatedDeltaPrefill: launchGdnPrefill, gdnPrefillSupports, gdnPrefillWorkspaceSize (gdnKernels.h).
 //
 // 16-bit I/O (bf16, fp16): the chunked WY/UT form on tensor cores (gdnPrefillChunked.cuh): a prep
-// kernel over all (chunk, head) pairs, then a scan kernel per (sequence, head, V-tile).
+// kernel over all (chunk, head) pairs, then a scan kernel per (sequence, head, V-tile): warpgroup
+// wgmma (gdnPrefillScanWgmma.cuh) where the library holds sm_90a code and the device is sm_90 and
+// K <= 128, else warp-level mma.sync.
 // fp32 I/O: an exact fp32 token-by-token kernel (plain FMA; 1e-4 against fp64 rules out bf16/tf32
 // tensor cores), one warp lane group per value column with its K-slice of S in registers.
 // Nothing here reads cu_seqlens on the host, synchronises or allocates: CUDA-graph capturable.
 #include "gdnCommon.cuh"
 #include "gdnKernels.h"
 #include "gdnPrefillChunked.cuh"
+#include "gdnPrefillScanWgmma.cuh"
 
 #include <cstdint>
 
@@ -187,6 +190,31 @@ bool isHeadDim(int d)
     return d == 64 || d == 128 || d == 256;
 }
 
+// Scan variants: 1 = one warpgroup, wgmma (sm_90a); 2 / 4 = mma.sync with that many warps per CTA.
+constexpr int kScanWgmma = 1;
+
+// True when this library holds sm_90a code (GDN_BUILT_SM90A, set by CMake when "90a" is among the
+// architectures) and the current device is compute capability 9.0 (cached query, capture-safe).
+bool wgmmaUsable()
+{
+#if defined(GDN_BUILT_SM90A) && GDN_BUILT_SM90A
+    static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return false;
+    if (cached[dev] == 0)
+    {
+        int major = 0, minor = 0;
+        bool const ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
+            && cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+        cached[dev] = ok && major == 9 && minor == 0 ? 1 : 2;
+    }
+    return cached[dev] == 1;
+#else
+    return false;
+#endif
+}
+
 template <typename T, int K>
 cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cudaStream_t stream)
 {
@@ -195,19 +223,26 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int nw, 
         auto kern = prefill_chunked::gdnPrefillPrepKernel<T, K>;
         int const smem = sizeof(prefill_chunked::PrepSmem<T, K>);
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kern<<<dim3(ids, p.Hv), 128, smem, stream>>>(p, ws);
+        kern<<<dim3(ids, p.Hk), 128, smem, stream>>>(p, ws);  // per (chunk, key head)
         GDN_CUDA_TRY(cudaGetLastError());
     }
-    auto scan = [&](auto kern, int smem, int vt) -> cudaError_t
+    auto scan = [&](auto kern, int smem, int vt, int threads) -> cudaError_t
     {
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kern<<<dim3(p.N, p.Hv, p.V / vt), (vt / 16) * 32, smem, stream>>>(p, ws);
+        kern<<<dim3(p.N, p.Hv, p.V / vt), threads, smem, stream>>>(p, ws);
         return cudaGetLastError();
     };
-    if (nw == 4)
-        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>,
-            int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64);
-    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
+    if constexpr (K <= 128)
+    {
+        if (nw == kScanWgmma)  // + 1 KB: alignment slack for the swizzled tiles
+            return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
+                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, 128);
+    }
+    if (nw == 2)
+        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)),
+            32, 64);
+    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>, int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64,
+        128);
 }
 
 template <int K>
@@ -236,11 +271,11 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cuda
     return cudaErrorInvalidValue;
 }
 
-// Warps per scan CTA (V-tile = 16 * warps). Measured on H100 (benchmarks/notes_prefill.md): 4 warps
-// beat 2 on every benchmark case, including 1x64K where 4 warps leave half the SMs idle.
-int pickScanWarps(GdnPrefillParams const&)
+// Scan variant. mma.sync: 4 warps per CTA (V-tile 64) beat 2 on every benchmark case on H100
+// (benchmarks/notes_prefill.md); wgmma wherever it can run.
+int pickScanVariant(GdnPrefillParams const& p)
 {
-    return 4;
+    return (p.K <= 128 && wgmmaUsable()) ? kScanWgmma : 4;
 }
 
 } // namespace
@@ -276,7 +311,8 @@ size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
     return wsLayout(p).total;
 }
 
-// nw: warps per scan CTA (2 or 4); <= 0 picks one. Exposed for tests and benchmarks.
+// nw: scan variant (1 = wgmma, 2 / 4 = mma.sync warps per CTA); anything else picks one. 1 where
+// wgmma cannot run returns cudaErrorNotSupported. Exposed for tests and benchmarks.
 cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int nw)
 {
     if (gdnPrefillSupports(p)[0] != '\0')
@@ -288,8 +324,10 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
     ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq)};
-    if (nw != 2 && nw != 4)
-        nw = pickScanWarps(p);
+    if (nw == kScanWgmma && !wgmmaUsable())
+        return cudaErrorNotSupported;  // (K = 256 with nw = 1 runs the 4-warp mma.sync scan)
+    if (nw != 2 && nw != 4 && nw != kScanWgmma)
+        nw = pickScanVariant(p);
     return dispatchK(p, ws, nw, stream);
 }
 
@@ -299,6 +337,11 @@ cudaError_t launchGdnPrefill(GdnPrefillParams const& p, cudaStream_t stream)
 }
 
 } // namespace gdn
+
+extern "C" int gdnPrefillWgmmaUsableC(int K)
+{
+    return K <= 128 && gdn::wgmmaUsable() ? 1 : 0;
+}
 
 extern "C" int gdnPrefillLaunchTunedC(gdn::GdnPrefillParams const* p, void* stream, int nw)
 {

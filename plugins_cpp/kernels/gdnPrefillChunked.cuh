@@ -8,8 +8,9 @@
 //                           G_C = G of the last token, qs = scale * rq, rq, rk: inverse norms or 1)
 // Tokens past the sequence end get g = 0, beta = 0, rq = rk = 0 (all their terms vanish).
 //
-// Prep kernel (parallel over chunks x heads): q.k^T, k.k^T and the diagonal of q.q^T (the squared
-// norms) on tensor cores; the unit lower triangular inverse by 16x16 blocks: diagonal blocks by fp32
+// Prep kernel (parallel over chunks x key heads): q.k^T, k.k^T and the diagonal of q.q^T (the squared
+// norms) on tensor cores, once per key head; then, per value head of the group (its own gates), the
+// decayed L and Aqk and the unit lower triangular inverse by 16x16 blocks: diagonal blocks by fp32
 // forward substitution, the blocks below them by tf32 tensor-core products.
 // Scan kernel (per sequence x value head x V-tile, sequential over chunks), each warp owns 16 value
 // columns and keeps S^T (16 x K, fp32) in mma accumulators, which double as A fragments:
@@ -86,14 +87,16 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
     extern __shared__ __align__(16) unsigned char smemRaw[];
     auto& sm = *reinterpret_cast<PrepSmem<T, K>*>(smemRaw);
     constexpr int KS = PrepSmem<T, K>::KS;
-    int const id = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // one CTA per (chunk id, key head): q, k and their Gram products are shared by the Hv/Hk value
+    // heads of the group, which then run the gate-dependent part one after the other
+    int const id = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int const n = seqOfChunk(p.cuSeqlens, p.N, id);
     int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
     int const c = id - (bos / kC + n);
     if (c < 0 || c * kC >= L)
         return;  // unused id (gap after a short or empty sequence)
     int const t0 = bos + c * kC, len = min(kC, L - c * kC);
-    int const Hv = p.Hv, Hk = p.Hk, hk = h / (Hv / Hk);
+    int const Hv = p.Hv, Hk = p.Hk, grp = Hv / Hk;
 
     // raw q, k rows -> shared (16 B copies, zero rows past the end)
     constexpr int VEC = 8;  // 16-bit elements per 16 B
@@ -106,34 +109,18 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
         cpAsync16(&sm.u.in.k[r][cc], static_cast<T const*>(p.k) + off, ok ? 16 : 0);
     }
     cpAsyncCommit();
-    // gates and their cumulative sum (warps 0, 1: 32 tokens each)
-    if (tid < kC)
+    // raw gate inputs of token t0 + tid (tid < len) for value head hh
+    float gRaw = 0.f, bRaw = 0.f;
+    auto loadGateRaw = [&](int hh)
     {
-        float g = 0.f, b = 0.f;
-        if (tid < len)
-        {
-            int64_t const gi = (int64_t)(t0 + tid) * Hv + h;
-            Gate const gt = computeGate(
-                p.gateMode, loadAny(p.g, p.gateType, gi), loadAny(p.beta, p.gateType, gi), p.ALog, p.dtBias, h);
-            g = gt.g;
-            b = gt.beta;
-        }
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1)
-        {
-            float const y = __shfl_up_sync(0xffffffffu, g, o);
-            if (lane >= o)
-                g += y;
-        }
-        if (tid == 31)
-            sm.scanTmp[0] = g;
-        sm.G[tid] = g;
-        sm.beta[tid] = b;
-    }
+        int64_t const gi = (int64_t)(t0 + tid) * Hv + hh;
+        gRaw = loadAny(p.g, p.gateType, gi);
+        bRaw = loadAny(p.beta, p.gateType, gi);
+    };
+    if (tid < len)
+        loadGateRaw(hk * grp);
     cpAsyncWaitAll();
     __syncthreads();
-    if (tid >= 32 && tid < kC)
-        sm.G[tid] += sm.scanTmp[0];
     // k.k^T and q.k^T for rows 16w..16w+15 (8 n8 tiles over the 64 columns), and the diagonal block
     // of q.q^T: the squared norms |q_i|^2, |k_i|^2 come out of the diagonals (exact bf16/fp16
     // products, fp32 accumulation, as a scalar fp32 loop would give).
@@ -195,96 +182,245 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
             sm.rk[r] = ok ? rkk : 0.f;
         }
     }
-    __syncthreads();
-    int64_t const slot = (int64_t)id * Hv + h;
-    T* aqkOut = static_cast<T*>(ws.aqk) + slot * (kC * kC);
-    T* tmOut = static_cast<T*>(ws.tm) + slot * (kC * kC);
-    float* gqOut = ws.gq + slot * (4 * kC);
+    for (int h = hk * grp; h < (hk + 1) * grp; ++h)
+    {
+        __syncthreads();  // norms written; the previous head's reads of G, beta and X done
+        // gates and their cumulative sum (warps 0, 1: 32 tokens each)
+        if (tid < kC)
+        {
+            float g = 0.f, b = 0.f;
+            if (tid < len)
+            {
+                Gate const gt = computeGate(p.gateMode, gRaw, bRaw, p.ALog, p.dtBias, h);
+                g = gt.g;
+                b = gt.beta;
+                if (h + 1 < (hk + 1) * grp)
+                    loadGateRaw(h + 1);  // the next head's gates, in flight during this head's work
+            }
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1)
+            {
+                float const y = __shfl_up_sync(0xffffffffu, g, o);
+                if (lane >= o)
+                    g += y;
+            }
+            if (tid == 31)
+                sm.scanTmp[0] = g;
+            sm.G[tid] = g;
+            sm.beta[tid] = b;
+        }
+        __syncthreads();
+        if (tid >= 32 && tid < kC)
+            sm.G[tid] += sm.scanTmp[0];
+        __syncthreads();
+        int64_t const slot = (int64_t)id * Hv + h;
+        T* aqkOut = static_cast<T*>(ws.aqk) + slot * (kC * kC);
+        T* tmOut = static_cast<T*>(ws.tm) + slot * (kC * kC);
+        float* gqOut = ws.gq + slot * (4 * kC);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+            {
+                int const i = 16 * warp + (lane >> 2) + 8 * hh;
+                float const Gi = sm.G[i];
+                float vals[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                {
+                    int const jj = 8 * j + 2 * (lane & 3) + e;
+                    float const dec = jj <= i ? __expf(Gi - sm.G[jj]) : 0.f;
+                    sm.L[i][jj] = jj < i ? sm.beta[i] * dec * sm.rk[i] * sm.rk[jj] * kk[j][2 * hh + e] : 0.f;
+                    vals[e] = dec * sm.qs[i] * sm.rk[jj] * qk[j][2 * hh + e];
+                }
+                *reinterpret_cast<uint32_t*>(aqkOut + i * kC + 8 * j + 2 * (lane & 3)) = pack2<T>(vals[0], vals[1]);
+            }
+        __syncthreads();
+        // (I + L)^-1 by 16x16 blocks: X_aa = (I + L_aa)^-1 by forward substitution (one column per
+        // thread, fp32), then warp b builds column block b downwards on tensor cores (tf32 operands, fp32
+        // accumulate): X_ab = -X_aa (sum_{m=b}^{a-1} L_am X_mb), a = b+1..3. The tf32 rounding (2^-11) is
+        // below the 16-bit rounding of the Tm' that is stored.
+        if (tid < kC)
+        {
+            int const a = tid >> 4, cl = tid & 15, o = 16 * a;
+            float x[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+            {
+                float acc = (i == cl) ? 1.f : 0.f;
+#pragma unroll
+                for (int j = 0; j < i; ++j)
+                    acc = fmaf(-sm.L[o + i][o + j], x[j], acc);
+                x[i] = acc;
+            }
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+                sm.u.inv.X[o + i][o + cl] = x[i];
+        }
+        __syncthreads();
+        {
+            constexpr int LS = PrepSmem<T, K>::LS, RS = PrepSmem<T, K>::RS;
+            int const b = warp, gr = lane >> 2, qd = lane & 3;
+            float(&R)[16][RS] = sm.u.inv.R[warp];
+            for (int a = b + 1; a < 4; ++a)
+            {
+                float acc[2][4] = {};
+                for (int m = b; m < a; ++m)
+                    mmaBlock16Tf32(acc, &sm.L[16 * a][16 * m], LS, &sm.u.inv.X[16 * m][16 * b], LS, lane);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                {
+                    *reinterpret_cast<float2*>(&R[gr][8 * nt + 2 * qd]) = make_float2(acc[nt][0], acc[nt][1]);
+                    *reinterpret_cast<float2*>(&R[gr + 8][8 * nt + 2 * qd]) = make_float2(acc[nt][2], acc[nt][3]);
+                }
+                __syncwarp();
+                float x[2][4] = {};
+                mmaBlock16Tf32(x, &sm.u.inv.X[16 * a][16 * a], LS, &R[0][0], RS, lane);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                {
+                    float* xo = &sm.u.inv.X[16 * a + gr][16 * b + 8 * nt + 2 * qd];
+                    *reinterpret_cast<float2*>(xo) = make_float2(-x[nt][0], -x[nt][1]);
+                    *reinterpret_cast<float2*>(xo + 8 * LS) = make_float2(-x[nt][2], -x[nt][3]);
+                }
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+        // Tm' = X diag(beta) (zero above the block diagonal), and the per-token scalars
+        for (int idx = tid; idx < kC * kC / 2; idx += 128)
+        {
+            int const i = idx / (kC / 2), c2 = 2 * (idx % (kC / 2));
+            bool const lo = (c2 >> 4) <= (i >> 4);
+            float const v0 = lo ? sm.u.inv.X[i][c2] * sm.beta[c2] : 0.f;
+            float const v1 = lo ? sm.u.inv.X[i][c2 + 1] * sm.beta[c2 + 1] : 0.f;
+            *reinterpret_cast<uint32_t*>(tmOut + i * kC + c2) = pack2<T>(v0, v1);
+        }
+        if (tid < kC)
+        {
+            float const G = sm.G[tid], GC = sm.G[kC - 1], eg = __expf(G);
+            *reinterpret_cast<float4*>(gqOut + 4 * tid)
+                = make_float4(eg * sm.rk[tid], eg * sm.qs[tid], __expf(GC - G) * sm.rk[tid], __expf(GC));
+        }
+    }
+}
+
+// ---- per-warp pieces shared by the mma.sync and the wgmma scan kernels. A warp owns 16 value
+// columns vw..vw+15 of S (S^T rows) in the m16n8 accumulator layout: x[t][e] = S[8t + 2qd + (e&1)][vw + gr + 8(e>>1)].
+
+template <int NKT>
+__device__ __forceinline__ void loadStateT(float (&s)[NKT][4], float const* src, int64_t sbase, int V, int vw, int lane)
+{
+    int const gr = lane >> 2, qd = lane & 3;
+#pragma unroll
+    for (int t = 0; t < NKT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            s[t][e] = src ? src[sbase + (int64_t)(8 * t + 2 * qd + (e & 1)) * V + vw + gr + 8 * (e >> 1)] : 0.f;
+}
+
+template <int NKT>
+__device__ __forceinline__ void storeStateT(float const (&s)[NKT][4], float* dst, int64_t sbase, int V, int vw, int lane)
+{
+    int const gr = lane >> 2, qd = lane & 3;
+#pragma unroll
+    for (int t = 0; t < NKT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dst[sbase + (int64_t)(8 * t + 2 * qd + (e & 1)) * V + vw + gr + 8 * (e >> 1)] = s[t][e];
+}
+
+// X = v - e^G rk P (P^T accumulators over the 64 chunk tokens; v: the warp's 16 columns, row stride vs)
+template <typename T>
+__device__ __forceinline__ void applyX(float (&pa)[8][4], float const (&gq)[kC][4], T const* v, int vs, int lane)
+{
+    int const gr = lane >> 2, qd = lane & 3;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
+        for (int e = 0; e < 2; ++e)
         {
-            int const i = 16 * warp + (lane >> 2) + 8 * hh;
-            float const Gi = sm.G[i];
-            float vals[2];
+            int const tok = 8 * j + 2 * qd + e;
+            float const f = gq[tok][0];
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-            {
-                int const jj = 8 * j + 2 * (lane & 3) + e;
-                float const dec = jj <= i ? __expf(Gi - sm.G[jj]) : 0.f;
-                sm.L[i][jj] = jj < i ? sm.beta[i] * dec * sm.rk[i] * sm.rk[jj] * kk[j][2 * hh + e] : 0.f;
-                vals[e] = dec * sm.qs[i] * sm.rk[jj] * qk[j][2 * hh + e];
-            }
-            *reinterpret_cast<uint32_t*>(aqkOut + i * kC + 8 * j + 2 * (lane & 3)) = pack2<T>(vals[0], vals[1]);
+            for (int hh = 0; hh < 2; ++hh)
+                pa[j][2 * hh + e] = toFloat(v[tok * vs + gr + 8 * hh]) - f * pa[j][2 * hh + e];
         }
-    __syncthreads();
-    // (I + L)^-1 by 16x16 blocks: X_aa = (I + L_aa)^-1 by forward substitution (one column per
-    // thread, fp32), then warp b builds column block b downwards on tensor cores (tf32 operands, fp32
-    // accumulate): X_ab = -X_aa (sum_{m=b}^{a-1} L_am X_mb), a = b+1..3. The tf32 rounding (2^-11) is
-    // below the 16-bit rounding of the Tm' that is stored.
-    if (tid < kC)
-    {
-        int const a = tid >> 4, cl = tid & 15, o = 16 * a;
-        float x[16];
+}
+
+// a (16 columns x 64 tokens, accumulator layout) *= the per-token factor gq[token][col]
+__device__ __forceinline__ void scaleTokens(float (&a)[8][4], float const (&gq)[kC][4], int col, int lane)
+{
+    int const qd = lane & 3;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
         {
-            float acc = (i == cl) ? 1.f : 0.f;
-#pragma unroll
-            for (int j = 0; j < i; ++j)
-                acc = fmaf(-sm.L[o + i][o + j], x[j], acc);
-            x[i] = acc;
+            float const f = gq[8 * j + 2 * qd + e][col];
+            a[j][e] *= f;
+            a[j][2 + e] *= f;
         }
+}
+
+// O1 *= e^G qs
+__device__ __forceinline__ void applyO1(float (&oa)[8][4], float const (&gq)[kC][4], int lane)
+{
+    scaleTokens(oa, gq, 1, lane);
+}
+
+// delta *= e^{G_C - G} rk (per token) and S^T *= e^{G_C}, ahead of S^T += delta^T k
+template <int NKT>
+__device__ __forceinline__ void applyUpdateScales(float (&da)[8][4], float (&s)[NKT][4], float const (&gq)[kC][4], int lane)
+{
+    scaleTokens(da, gq, 2, lane);
+    float const eGC = gq[0][3];
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            sm.u.inv.X[o + i][o + cl] = x[i];
-    }
-    __syncthreads();
-    {
-        constexpr int LS = PrepSmem<T, K>::LS, RS = PrepSmem<T, K>::RS;
-        int const b = warp, gr = lane >> 2, qd = lane & 3;
-        float(&R)[16][RS] = sm.u.inv.R[warp];
-        for (int a = b + 1; a < 4; ++a)
-        {
-            float acc[2][4] = {};
-            for (int m = b; m < a; ++m)
-                mmaBlock16Tf32(acc, &sm.L[16 * a][16 * m], LS, &sm.u.inv.X[16 * m][16 * b], LS, lane);
+    for (int t = 0; t < NKT; ++t)
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-            {
-                *reinterpret_cast<float2*>(&R[gr][8 * nt + 2 * qd]) = make_float2(acc[nt][0], acc[nt][1]);
-                *reinterpret_cast<float2*>(&R[gr + 8][8 * nt + 2 * qd]) = make_float2(acc[nt][2], acc[nt][3]);
-            }
-            __syncwarp();
-            float x[2][4] = {};
-            mmaBlock16Tf32(x, &sm.u.inv.X[16 * a][16 * a], LS, &R[0][0], RS, lane);
+        for (int e = 0; e < 4; ++e)
+            s[t][e] *= eGC;
+}
+
+// o^T accumulators (16 columns x 64 tokens) -> the warp's staging tile (token rows; sm_90: stmatrix.trans
+// of the packed pairs at row address aOut) -> 16-byte stores of rows < len to og (row stride ld; og 16 B aligned).
+template <typename T, int OS>
+__device__ __forceinline__ void storeOTile(
+    float const (&oa)[8][4], T (&ob)[kC][OS], uint32_t aOut, T* og, int64_t ld, int len, int lane)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-            {
-                float* xo = &sm.u.inv.X[16 * a + gr][16 * b + 8 * nt + 2 * qd];
-                *reinterpret_cast<float2*>(xo) = make_float2(-x[nt][0], -x[nt][1]);
-                *reinterpret_cast<float2*>(xo + 8 * LS) = make_float2(-x[nt][2], -x[nt][3]);
-            }
-            __syncwarp();
-        }
-    }
-    __syncthreads();
-    // Tm' = X diag(beta) (zero above the block diagonal), and the per-token scalars
-    for (int idx = tid; idx < kC * kC / 2; idx += 128)
+    for (int j = 0; j < 8; j += 2)
+        stsmX4T(aOut + 2u * (8 * j * OS), pack2<T>(oa[j][0], oa[j][1]), pack2<T>(oa[j][2], oa[j][3]),
+            pack2<T>(oa[j + 1][0], oa[j + 1][1]), pack2<T>(oa[j + 1][2], oa[j + 1][3]));
+#else
+    (void)aOut;
+    int const gr = lane >> 2, qd = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            ob[8 * j + 2 * qd + (e & 1)][gr + 8 * (e >> 1)] = fromFloat<T>(oa[j][e]);
+#endif
+    __syncwarp();
+    // 16 B per lane: rows lane/2 (+16, +32, +48), half lane%2 of the 32-byte row
+    int const r0 = lane >> 1, half = 8 * (lane & 1);
+    T* dst = og + (int64_t)r0 * ld + half;
+    int64_t const step = 16 * ld;
+    if (len == kC)
     {
-        int const i = idx / (kC / 2), c2 = 2 * (idx % (kC / 2));
-        bool const lo = (c2 >> 4) <= (i >> 4);
-        float const v0 = lo ? sm.u.inv.X[i][c2] * sm.beta[c2] : 0.f;
-        float const v1 = lo ? sm.u.inv.X[i][c2 + 1] * sm.beta[c2 + 1] : 0.f;
-        *reinterpret_cast<uint32_t*>(tmOut + i * kC + c2) = pack2<T>(v0, v1);
+#pragma unroll
+        for (int it = 0; it < 4; ++it)
+            *reinterpret_cast<uint4*>(dst + it * step) = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]);
     }
-    if (tid < kC)
+    else
     {
-        float const G = sm.G[tid], GC = sm.G[kC - 1], eg = __expf(G);
-        *reinterpret_cast<float4*>(gqOut + 4 * tid)
-            = make_float4(eg * sm.rk[tid], eg * sm.qs[tid], __expf(GC - G) * sm.rk[tid], __expf(GC));
+#pragma unroll
+        for (int it = 0; it < 4; ++it)
+            if (r0 + 16 * it < len)
+                *reinterpret_cast<uint4*>(dst + it * step) = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]);
     }
+    __syncwarp();
 }
 
 template <typename T, int K, int NW>
@@ -314,12 +450,14 @@ __device__ __forceinline__ void issueTile(uint32_t dst, int sStride, uint16_t co
     static_assert(NT % CH == 0 && kC % RP == 0, "tile split");
     int const tid = threadIdx.x, r0 = tid / CH, cc = (tid % CH) * 8;
     uint16_t const* src = g + r0 * gStride + cc;
+    int64_t const step = RP * gStride;
     dst += 2u * (r0 * sStride + cc);
 #pragma unroll
     for (int pass = 0; pass < kC / RP; ++pass)
     {
         bool const ok = r0 + pass * RP < len;
-        cpAsync16(dst + 2u * pass * RP * sStride, ok ? src + pass * RP * gStride : g, ok ? 16 : 0);
+        cpAsync16(dst + 2u * pass * RP * sStride, ok ? src : g, ok ? 16 : 0);
+        src += step;
     }
 }
 
@@ -357,19 +495,12 @@ __global__ void __launch_bounds__(32 * NW, 1) gdnPrefillScanKernel(GdnPrefillPar
     int const vbase = blockIdx.z * SM::VT;
     int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
     int const nch = (L + kC - 1) / kC, id0 = bos / kC + n;
-    int const gr = lane >> 2, qd = lane & 3;
     int const vw = vbase + 16 * warp;  // this warp's first value column
 
     // S^T (16 value rows x K) in accumulator layout: s[t][e] = S[8t + 2qd + (e&1)][vw + gr + 8(e>>1)]
     float s[NKT][4];
     int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
-#pragma unroll
-    for (int t = 0; t < NKT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            s[t][e] = p.initialState ? p.initialState[sbase + (int64_t)(8 * t + 2 * qd + (e & 1)) * V + vw + gr
-                                                      + 8 * (e >> 1)]
-                                     : 0.f;
+    loadStateT(s, p.initialState, sbase, V, vw, lane);
     using St = typename SM::Stage;
     uint32_t const st0 = smemAddr(&sm.st[0]);
     uint32_t const laneQK = ldsmLaneNK(KS, lane), laneC = ldsmLaneNK(CS, lane), laneKT = ldsmLaneKN(KS, lane);
@@ -420,21 +551,8 @@ __global__ void __launch_bounds__(32 * NW, 1) gdnPrefillScanKernel(GdnPrefillPar
             }
         }
         // X = v - e^G rk P ; O1 *= e^G qs (per-token factors precomputed by the prep kernel)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-            {
-                int const tok = 8 * j + 2 * qd + e;
-                float2 const f = *reinterpret_cast<float2 const*>(&st.gq[tok][0]);
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-                {
-                    float const vv = toFloat(st.v[tok][16 * warp + gr + 8 * hh]);
-                    pa[j][2 * hh + e] = vv - f.x * pa[j][2 * hh + e];
-                    oa[j][2 * hh + e] *= f.y;
-                }
-            }
+        applyX(pa, st.gq, &st.v[0][16 * warp], SM::VS, lane);
+        applyO1(oa, st.gq, lane);
         // delta^T = X^T Tm'^T
         float da[8][4];
 #pragma unroll
@@ -477,49 +595,10 @@ __global__ void __launch_bounds__(32 * NW, 1) gdnPrefillScanKernel(GdnPrefillPar
         }
         // o -> per-warp staging (token rows; sm_90: stmatrix.trans of the accumulator pairs), then 4-byte
         // coalesced stores of the valid rows
-        {
-            T(&ob)[kC][SM::OS] = sm.out[warp];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#pragma unroll
-            for (int j = 0; j < 8; j += 2)
-                stsmX4T(aOut + 2u * (8 * j * SM::OS), pack2<T>(oa[j][0], oa[j][1]), pack2<T>(oa[j][2], oa[j][3]),
-                    pack2<T>(oa[j + 1][0], oa[j + 1][1]), pack2<T>(oa[j + 1][2], oa[j + 1][3]));
-#else
-            (void)aOut;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    ob[8 * j + 2 * qd + (e & 1)][gr + 8 * (e >> 1)] = fromFloat<T>(oa[j][e]);
-#endif
-            __syncwarp();
-            T* og = static_cast<T*>(p.o) + ((int64_t)(bos + c * kC) * Hv + h) * V + vw;
-#pragma unroll
-            for (int it = 0; it < kC / 4; ++it)
-            {
-                int const r = 4 * it + (lane >> 3), cc = 2 * (lane & 7);
-                if (r < len)
-                    *reinterpret_cast<uint32_t*>(og + (int64_t)r * Hv * V + cc)
-                        = *reinterpret_cast<uint32_t const*>(&ob[r][cc]);
-            }
-            __syncwarp();
-        }
+        storeOTile<T, SM::OS>(oa, sm.out[warp], aOut, static_cast<T*>(p.o) + ((int64_t)(bos + c * kC) * Hv + h) * V + vw,
+            (int64_t)Hv * V, len, lane);
         // S^T = e^{G_C} S^T + (delta e^{G_C - G} rk)^T k
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-            {
-                float const f = st.gq[8 * j + 2 * qd + e][2];
-                da[j][e] *= f;
-                da[j][2 + e] *= f;
-            }
-        float const eGC = st.gq[0][3];
-#pragma unroll
-        for (int t = 0; t < NKT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                s[t][e] *= eGC;
+        applyUpdateScales(da, s, st.gq, lane);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
         {
@@ -536,11 +615,7 @@ __global__ void __launch_bounds__(32 * NW, 1) gdnPrefillScanKernel(GdnPrefillPar
         }
     }
     cpAsyncWaitAll();
-#pragma unroll
-    for (int t = 0; t < NKT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            p.finalState[sbase + (int64_t)(8 * t + 2 * qd + (e & 1)) * V + vw + gr + 8 * (e >> 1)] = s[t][e];
+    storeStateT(s, p.finalState, sbase, V, vw, lane);
 }
 
 } // namespace prefill_chunked

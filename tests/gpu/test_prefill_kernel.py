@@ -124,9 +124,15 @@ def test_prefill_vs_fp64(kernels, gen, case):
     inp = make_prefill_inputs(gen, seqlens, Hk, Hv, K, V, gate_mode=gm, use_qk_l2norm=l2)
     d, ref = _to_device(inp, DT[io], DT[gd])
     attrs = _attrs(gm, l2)
-    for nw in ((2, 4) if io != "f32" else (0,)):
+    for nw in (_scan_variants(kernels, K) if io != "f32" else (0,)):
         o, final = _run(kernels, d, attrs, nw=nw)
         _check(o, final, ref, attrs, DT[io])
+
+
+def _scan_variants(kernels, K):
+    """Scan kernels to check for 16-bit I/O: mma.sync with 2 and 4 warps, plus wgmma (1) where it runs."""
+    usable = getattr(kernels.LIB, "gdnPrefillWgmmaUsableC", None)
+    return (1, 2, 4) if usable is not None and usable(int(K)) else (2, 4)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,280 @@
+// Chunked prefill scan on warpgroup tensor cores (wgmma, sm_90a), private to gdnPrefill.cu.
+//
+// Same math, workspace and grid as gdnPrefillScanKernel<T, K, 4> (gdnPrefillChunked.cuh): one CTA per
+// (sequence, value head, 64-column V-tile), S^T (64 value rows x K, fp32) in the accumulators of one
+// warpgroup (warp w owns value columns 16w..16w+15). Per chunk, with A operands packed from the
+// fp32 accumulators and B operands read by descriptor from 128B-swizzled tiles (gdnPrefillWgmma.cuh),
+// issued in this order (commit groups separated by |):
+//   P^T  = S^T k^T              m64n64k16  x K/16   (B = k, K-major)          | then
+//   O1^T = S^T q^T              m64n64k16  x K/16   (B = q, K-major)          | next chunk's cp.async
+//   X = v - e^G rk P; delta^T = X^T Tm'^T           m64n64k16 x 4             | O1 *= e^G qs
+//   S^T  = e^{G_C} S^T + D^T k  m64n{K}k16 x 4      (B = k, MN-major)
+//   O^T += delta^T Aqk^T        m64n64k16  x 4                                | o store
+// with D = delta e^{G_C - G} rk. One product's accumulators become the next one's A registers (same
+// fragment layout as mma.sync). The next chunk's tiles stream into the other stage by cp.async while
+// this one runs; each thread fences the async proxy after its copies land, then one barrier per chunk.
+// Measured and dropped (benchmarks/notes_prefill.md): a second warpgroup for the O products, a
+// loader warp for the copies (2 or 3 stages), m64n48/32/16 products that skip the zero blocks of the
+// triangular Tm' and Aqk (ptxas then serialises every wgmma).
+// K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
+#pragma once
+
+#include "gdnPrefillChunked.cuh"
+#include "gdnPrefillWgmma.cuh"
+
+namespace gdn
+{
+namespace prefill_chunked
+{
+
+using namespace prefill_wgmma;
+
+template <typename T, int K>
+struct WgScanSmem
+{
+    static constexpr int VT = 64, VS = VT + 8, OS = 16 + 8;
+    struct Stage
+    {
+        T k[kC * K];  // swizzled tiles (swzOffset<64>), 1 KB aligned
+        T q[kC * K];
+        T tm[kC * kC];
+        T aqk[kC * kC];
+        T v[kC][VS];  // row-major, padded
+        float gq[kC][4];
+    };
+    Stage st[2];
+    T out[4][kC][OS];
+};
+
+// Rows [0, len) of a [64][C] 16-bit row-major global tile (row stride gStride) into a swizzled tile
+// at shared byte address dst (rows >= len zero-filled). Lanes 8 apart take the same 16 B column chunk
+// of 8 consecutive rows: distinct banks after the swizzle.
+template <int C, bool FULL>
+__device__ __forceinline__ void issueSwzTile(uint32_t dst, uint16_t const* g, int64_t gStride, int len)
+{
+    constexpr int CH = C / 8, GPP = 128 / (8 * CH);  // column chunks; row groups per pass
+    static_assert(GPP >= 1 && 128 % (8 * CH) == 0, "tile split");
+    int const tid = threadIdx.x, rs = tid & 7, cb = (tid >> 3) % CH, rg = (tid >> 3) / CH;
+    int const r0 = 8 * rg + rs;
+    uint16_t const* src = g + r0 * gStride + 8 * cb;
+    int64_t const step = 8 * GPP * gStride;
+    dst += swzOffset<kC>(r0, 8 * cb);
+#pragma unroll
+    for (int pass = 0; pass < kC / (8 * GPP); ++pass)
+    {
+        if (FULL)
+            cpAsync16(dst + pass * GPP * 1024u, src, 16);
+        else
+        {
+            bool const ok = r0 + pass * 8 * GPP < len;
+            cpAsync16(dst + pass * GPP * 1024u, ok ? src : g, ok ? 16 : 0);
+        }
+        src += step;
+    }
+}
+
+template <typename T, int K>
+__device__ __forceinline__ void wgIssueStage(uint32_t stAddr, GdnPrefillParams const& p, ChunkWs const& ws,
+    int64_t slot, int t0, int len, int h, int hk, int vbase)
+{
+    using SM = WgScanSmem<T, K>;
+    using St = typename SM::Stage;
+    int64_t const qkRow = (int64_t)p.Hk * K;
+    int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K;
+    if (len == kC)
+    {
+        issueSwzTile<K, true>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
+        issueSwzTile<K, true>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
+    }
+    else
+    {
+        issueSwzTile<K, false>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
+        issueSwzTile<K, false>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
+    }
+    issueSwzTile<kC, true>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC, kC);
+    issueSwzTile<kC, true>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
+    issueTile<SM::VT / 8, 128>(stAddr + offsetof(St, v), SM::VS,
+        static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase, (int64_t)p.Hv * p.V, len);
+    float const* gq = ws.gq + slot * (4 * kC);
+    if (threadIdx.x < kC)
+        cpAsync16(stAddr + offsetof(St, gq) + 16u * threadIdx.x, gq + 4 * threadIdx.x, 16);
+}
+
+// acc (64 x 64) (+)= A (64 x 64, four k16 register fragments) * B, B[k][n] = tile[n][k] from the
+// swizzled 64x64 tile at shared address `tile`. (Skipping the zero upper blocks of the triangular Tm'
+// and Aqk with m64n48/n32/n16 products on sub-ranges of the accumulators made ptxas serialise every
+// wgmma (C7511), so the full products are issued.)
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t r);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t r)
+{
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&r));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t r)
+{
+    return __half22float2(*reinterpret_cast<__half2 const*>(&r));
+}
+
+// X = v - e^G rk P with the warp's v columns read by ldmatrix.trans straight into the accumulator
+// layout (matrix m of an x4: n8 blocks j + m/2, column half m%2); vLane: this lane's row address
+// of the first x4 (row (lane & 7) + 8 (lane >> 4), column 8 ((lane >> 3) & 1) of the warp's 16).
+template <typename T, int VS>
+__device__ __forceinline__ void applyXld(float (&pa)[8][4], float const (&gq)[kC][4], uint32_t vLane, int lane)
+{
+    int const qd = lane & 3;
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp)
+    {
+        uint32_t r[4];
+        ldsmX4T(r, vLane + 2u * (16 * jp * VS));
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+        {
+            int const j = 2 * jp + (m >> 1), hh = m & 1;
+            float2 const v2 = unpack2<T>(r[m]);
+            pa[j][2 * hh] = v2.x - gq[8 * j + 2 * qd][0] * pa[j][2 * hh];
+            pa[j][2 * hh + 1] = v2.y - gq[8 * j + 2 * qd + 1][0] * pa[j][2 * hh + 1];
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (&a)[4][4], uint32_t tile, bool accumulate)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        Wgmma<T, 64, 0>::run(acc, a[kk], descKMajor<kC>(tile, kk), (accumulate || kk) ? 1 : 0);
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParams const p, ChunkWs const ws)
+{
+#if GDN_WGMMA
+    using SM = WgScanSmem<T, K>;
+    using St = typename SM::Stage;
+    constexpr int NKT = K / 8, KS16 = K / 16;
+    extern __shared__ __align__(1024) unsigned char smemRaw[];
+    // the swizzle atoms need 1 KB alignment: the launch adds 1 KB of slack
+    auto& sm = *reinterpret_cast<SM*>(smemRaw + ((1024u - (smemAddr(smemRaw) & 1023u)) & 1023u));
+    int const n = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
+    int const vbase = blockIdx.z * SM::VT, vw = vbase + 16 * warp;
+    int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
+    int const nch = (L + kC - 1) / kC, id0 = bos / kC + n;
+
+    float s[NKT][4];
+    int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
+    loadStateT(s, p.initialState, sbase, V, vw, lane);
+
+    uint32_t const st0 = smemAddr(&sm.st[0]);
+    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
+    uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
+    if (nch > 0)
+        wgIssueStage<T, K>(st0, p, ws, (int64_t)id0 * Hv + h, bos, min(kC, L), h, hk, vbase);
+    cpAsyncCommit();
+
+    uint32_t const vLane = smemAddr(&sm.st[0].v[(lane & 7) + 8 * (lane >> 4)][16 * warp + 8 * ((lane >> 3) & 1)]);
+    for (int c = 0; c < nch; ++c)
+    {
+        cpAsyncWaitAll();
+        fenceProxyAsync();
+        __syncthreads();
+        auto const& st = sm.st[c & 1];
+        int const len = min(kC, L - c * kC);
+        uint32_t const sb = st0 + (c & 1) * uint32_t(sizeof(St));
+        uint32_t const aK = sb + offsetof(St, k), aQ = sb + offsetof(St, q);
+
+        // P^T = S^T k^T and O1^T = S^T q^T (P is on the recurrence: its own commit group)
+        uint32_t sa[KS16][4];
+#pragma unroll
+        for (int kk = 0; kk < KS16; ++kk)
+            accToA<T>(sa[kk], s, kk);
+        {
+            // S^T *= e^{G_C} ahead of the update (here, not in the shadow of P: ptxas would wait for
+            // the in-flight wgmma before touching registers a wgmma once defined, C7517)
+            float const eGC = st.gq[0][3];
+#pragma unroll
+            for (int t = 0; t < NKT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[t][e] *= eGC;
+        }
+        float pa[8][4], oa[8][4], da[8][4];
+        wgFence();
+#pragma unroll
+        for (int kk = 0; kk < KS16; ++kk)
+            Wgmma<T, 64, 0>::run(pa, sa[kk], descKMajor<kC>(aK, kk), kk > 0);
+        wgCommit();
+#pragma unroll
+        for (int kk = 0; kk < KS16; ++kk)
+            Wgmma<T, 64, 0>::run(oa, sa[kk], descKMajor<kC>(aQ, kk), kk > 0);
+        wgCommit();
+        // in the shadow of P and O1: the next chunk's loads
+        if (c + 1 < nch)
+            wgIssueStage<T, K>(st0 + ((c + 1) & 1) * uint32_t(sizeof(St)), p, ws, (int64_t)(id0 + c + 1) * Hv + h,
+                bos + (c + 1) * kC, min(kC, L - (c + 1) * kC), h, hk, vbase);
+        cpAsyncCommit();
+        wgWait<1>();
+        fenceAcc(pa);
+
+        // X = v - e^G rk P ; delta^T = X^T Tm'^T
+        applyXld<T, SM::VS>(pa, st.gq, vLane + (c & 1) * uint32_t(sizeof(St)), lane);
+        uint32_t xa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            accToA<T>(xa[kk], pa, kk);
+        wgFence();
+        wgProduct64<T>(da, xa, sb + offsetof(St, tm), false);
+        wgCommit();
+        wgWait<1>();  // O1 done, delta may run
+        fenceAcc(oa);
+#pragma unroll
+        for (int kk = 0; kk < KS16; ++kk)
+            fenceRegs(sa[kk]);
+        applyO1(oa, st.gq, lane);
+        wgWait<0>();
+        fenceAcc(da);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            fenceRegs(xa[kk]);
+
+        // S^T += (delta e^{G_C - G} rk)^T k (recurrence first), then O^T += delta^T Aqk^T
+        uint32_t dA[4][4], uA[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            accToA<T>(dA[kk], da, kk);
+        scaleTokens(da, st.gq, 2, lane);  // delta e^{G_C - G} rk (S^T was scaled by e^{G_C} above)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            accToA<T>(uA[kk], da, kk);
+        wgFence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)  // B = k as [token][K]: MN-major
+            Wgmma<T, K, 1>::run(s, uA[kk], descMNMajor<kC>(aK, kk), 1);
+        wgCommit();
+        wgProduct64<T>(oa, dA, sb + offsetof(St, aqk), true);
+        wgCommit();
+        wgWait<0>();
+        fenceAcc(oa);
+        fenceAcc(s);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+        {
+            fenceRegs(dA[kk]);
+            fenceRegs(uA[kk]);
+        }
+        storeOTile<T, SM::OS>(oa, sm.out[warp], aOut, static_cast<T*>(p.o) + ((int64_t)(bos + c * kC) * Hv + h) * V + vw,
+            (int64_t)Hv * V, len, lane);
+    }
+    cpAsyncWaitAll();
+    storeStateT(s, p.finalState, sbase, V, vw, lane);
+#else
+    (void)p, (void)ws;
+    __trap();  // launched only where the sm_90a build runs (gdnPrefillWgmmaAvailable)
+#endif
+}
+
+} // namespace prefill_chunked
+} // namespace gdn
