@@ -12,29 +12,9 @@ import torch
 from conftest import call_decode_ref, make_decode_inputs, rel_err
 from gdn_deploy.validate import tolerance_for
 
-DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+from ._gpu_util import DT, op_attrs, to_device
+
 STATE_TOL = 1e-4  # the state is float32 arithmetic from the same inputs whatever the I/O dtype
-
-
-def _to_device(inp, io_dtype, gate_dtype):
-    """Kernel inputs on the GPU (I/O dtype, gate dtype, float32 state) and the float64 values they hold."""
-    dev, ref = {}, {}
-    for n, t in inp.items():
-        if n in ("q", "k", "v"):
-            d = t.to(io_dtype)
-        elif n in ("g", "beta"):
-            d = t.to(gate_dtype)
-        elif n in ("state", "A_log", "dt_bias"):
-            d = t.to(torch.float32)
-        else:
-            d = t
-        dev[n] = d.cuda()
-        ref[n] = d.double() if d.is_floating_point() else d
-    return dev, ref
-
-
-def _attrs(gate_mode, use_qk_l2norm, scale=0.0, eps=1e-6):
-    return dict(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=eps)
 
 
 def _run(kernels, d, attrs, state_mode, *, bv=0, inplace=False):
@@ -66,8 +46,8 @@ def _check(o, s, ref_inp, attrs, state_mode, io_dtype):
 @pytest.mark.parametrize("l2", [0, 1])
 def test_head_dims_and_io_dtypes(kernels, gen, K, V, io, l2):
     inp = make_decode_inputs(gen, 3, Hk=2, Hv=4, K=K, V=V, use_qk_l2norm=l2)
-    d, r = _to_device(inp, DT[io], torch.float32)
-    attrs = _attrs(0, l2)
+    d, r = to_device(inp, DT[io], torch.float32)
+    attrs = op_attrs(0, l2)
     o, s = _run(kernels, d, attrs, 0)
     _check(o, s, r, attrs, 0, DT[io])
 
@@ -77,8 +57,8 @@ def test_head_dims_and_io_dtypes(kernels, gen, K, V, io, l2):
 @pytest.mark.parametrize("gate_mode", [0, 1])
 def test_gate_dtypes_and_modes(kernels, gen, io, gate, gate_mode):
     inp = make_decode_inputs(gen, 4, Hk=2, Hv=4, K=128, V=128, gate_mode=gate_mode, use_qk_l2norm=1)
-    d, r = _to_device(inp, DT[io], DT[gate])
-    attrs = _attrs(gate_mode, 1, scale=0.3)
+    d, r = to_device(inp, DT[io], DT[gate])
+    attrs = op_attrs(gate_mode, 1, scale=0.3)
     o, s = _run(kernels, d, attrs, 0)
     _check(o, s, r, attrs, 0, DT[io])
 
@@ -87,8 +67,8 @@ def test_gate_dtypes_and_modes(kernels, gen, io, gate, gate_mode):
 @pytest.mark.parametrize("bv", [8, 16, 32, 64, 0])                 # every V-tile, and the automatic choice
 def test_gva_and_tiles(kernels, gen, Hk, Hv, bv):
     inp = make_decode_inputs(gen, 5, Hk=Hk, Hv=Hv, K=128, V=128, use_qk_l2norm=1)
-    d, r = _to_device(inp, torch.bfloat16, torch.float32)
-    attrs = _attrs(0, 1)
+    d, r = to_device(inp, torch.bfloat16, torch.float32)
+    attrs = op_attrs(0, 1)
     o, s = _run(kernels, d, attrs, 0, bv=bv)
     _check(o, s, r, attrs, 0, torch.bfloat16)
 
@@ -99,8 +79,8 @@ def test_gates_near_0_and_1(kernels, gen, case):
           "decay_near_0_beta_near_0": dict(g_range=(-20.0, -10.0), beta_range=(0.0, 1e-3)),
           "mixed_extremes": dict(g_range=(-20.0, 0.0), beta_range=(0.0, 1.0))}[case]
     inp = make_decode_inputs(gen, 4, Hk=2, Hv=4, K=64, V=64, use_qk_l2norm=1, **kw)
-    d, r = _to_device(inp, torch.float32, torch.float32)
-    attrs = _attrs(0, 1)
+    d, r = to_device(inp, torch.float32, torch.float32)
+    attrs = op_attrs(0, 1)
     o, s = _run(kernels, d, attrs, 0)
     _check(o, s, r, attrs, 0, torch.float32)
 
@@ -111,8 +91,8 @@ def test_raw_gates_extreme(kernels, gen):
     inp["g"] = inp["g"] * 30.0
     inp["beta"] = inp["beta"] * 30.0
     inp["A_log"] = inp["A_log"] - 3.0  # keep exp(A_log) * a in a range where the decay is not all 0
-    d, r = _to_device(inp, torch.float32, torch.float32)
-    attrs = _attrs(1, 1)
+    d, r = to_device(inp, torch.float32, torch.float32)
+    attrs = op_attrs(1, 1)
     o, s = _run(kernels, d, attrs, 0)
     _check(o, s, r, attrs, 0, torch.float32)
 
@@ -123,10 +103,10 @@ def test_pool_in_place_and_skipped_slots(kernels, gen, io):
     inp = make_decode_inputs(gen, B, Hk=2, Hv=4, K=128, V=64, use_qk_l2norm=1, pool_size=P)
     inp["slots"][1] = -1
     inp["slots"][4] = -1
-    d, r = _to_device(inp, DT[io], torch.float32)
+    d, r = to_device(inp, DT[io], torch.float32)
     before = d["state"].clone()
     ptr = d["state"].data_ptr()
-    attrs = _attrs(0, 1)
+    attrs = op_attrs(0, 1)
     o, pool = _run(kernels, d, attrs, 1)
     assert pool.data_ptr() == ptr
     slots = inp["slots"].tolist()
@@ -143,9 +123,9 @@ def test_pool_in_place_and_skipped_slots(kernels, gen, io):
 def test_all_slots_skipped_leaves_pool_bit_identical(kernels, gen):
     inp = make_decode_inputs(gen, 3, Hk=2, Hv=2, K=64, V=64, pool_size=4)
     inp["slots"][:] = -1
-    d, _ = _to_device(inp, torch.float16, torch.float16)
+    d, _ = to_device(inp, torch.float16, torch.float16)
     before = d["state"].clone()
-    o, pool = _run(kernels, d, _attrs(0, 0), 1)
+    o, pool = _run(kernels, d, op_attrs(0, 0), 1)
     assert torch.equal(pool.view(torch.int32), before.view(torch.int32))
     assert torch.equal(o, torch.zeros_like(o))
 
@@ -153,8 +133,8 @@ def test_all_slots_skipped_leaves_pool_bit_identical(kernels, gen):
 def test_dense_in_place_alias(kernels, gen):
     """stateOut == stateIn (allowed by the API) gives the same result as separate buffers."""
     inp = make_decode_inputs(gen, 3, Hk=2, Hv=4, K=256, V=128, use_qk_l2norm=1)
-    d, r = _to_device(inp, torch.bfloat16, torch.bfloat16)
-    attrs = _attrs(0, 1)
+    d, r = to_device(inp, torch.bfloat16, torch.bfloat16)
+    attrs = op_attrs(0, 1)
     o1, s1 = _run(kernels, d, attrs, 0)
     o2, s2 = _run(kernels, d, attrs, 0, inplace=True)
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
@@ -163,8 +143,8 @@ def test_dense_in_place_alias(kernels, gen):
 
 def test_large_batch(kernels, gen):
     inp = make_decode_inputs(gen, 300, Hk=2, Hv=4, K=128, V=128, use_qk_l2norm=1)
-    d, r = _to_device(inp, torch.bfloat16, torch.float32)
-    attrs = _attrs(0, 1)
+    d, r = to_device(inp, torch.bfloat16, torch.float32)
+    attrs = op_attrs(0, 1)
     o, s = _run(kernels, d, attrs, 0)
     _check(o, s, r, attrs, 0, torch.bfloat16)
 
@@ -177,10 +157,10 @@ def test_many_steps_accumulate(kernels, gen):
         inp = make_decode_inputs(gen, 2, Hk=1, Hv=2, K=64, V=64, use_qk_l2norm=1)
         if step == 0:
             d_state = inp["state"].to(torch.float32).cuda()
-            ref_state = d_state.double().cpu()
-        d, r = _to_device(inp, torch.float32, torch.float32)
+            ref_state = d_state.double()
+        d, r = to_device(inp, torch.float32, torch.float32)
         d["state"], r["state"] = d_state, ref_state
-        attrs = _attrs(0, 1)
+        attrs = op_attrs(0, 1)
         o, d_state = _run(kernels, d, attrs, 0)
         ro, ref_state = call_decode_ref(r, state_mode=0, **attrs)
         assert rel_err(o, ro) <= 1e-4, f"step {step}: o rel err {rel_err(o, ro):.3e}"
@@ -189,15 +169,15 @@ def test_many_steps_accumulate(kernels, gen):
 
 def test_empty_batch_is_a_no_op(kernels, gen):
     inp = make_decode_inputs(gen, 1, Hk=2, Hv=2, K=64, V=64)
-    d, _ = _to_device(inp, torch.float32, torch.float32)
+    d, _ = to_device(inp, torch.float32, torch.float32)
     d = {n: (t[:0] if n in ("q", "k", "v", "g", "beta", "state") else t) for n, t in d.items()}
-    o, s = _run(kernels, d, _attrs(0, 0), 0)
+    o, s = _run(kernels, d, op_attrs(0, 0), 0)
     assert o.shape[0] == 0 and s.shape[0] == 0
 
 
 @pytest.mark.parametrize("K,V", [(32, 64), (64, 96), (512, 64)])
 def test_unsupported_head_dims_rejected(kernels, gen, K, V):
     inp = make_decode_inputs(gen, 2, Hk=1, Hv=1, K=K, V=V)
-    d, _ = _to_device(inp, torch.float32, torch.float32)
+    d, _ = to_device(inp, torch.float32, torch.float32)
     with pytest.raises(ValueError, match="head dims"):
-        _run(kernels, d, _attrs(0, 0), 0)
+        _run(kernels, d, op_attrs(0, 0), 0)

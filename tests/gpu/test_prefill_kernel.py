@@ -3,7 +3,8 @@
 Every check draws fresh random inputs, poisons o and final_state with NaN before the launch and
 checks that every element was written; the reference sees exactly the values the kernel sees (the
 low-precision inputs upcast to float64, run through the exact chunked form on the GPU).
-16-bit I/O runs the chunked tensor-core kernels (both scan tilings, 2 and 4 warps per CTA);
+16-bit I/O runs the chunked tensor-core kernels (every scan the device runs: mma.sync with 2 and 4
+warps per CTA, and the wgmma scan on sm_90 with an sm_90a build);
 float32 I/O runs the exact fp32 kernel.
 """
 from __future__ import annotations
@@ -17,30 +18,10 @@ from conftest import make_prefill_inputs, rel_err
 from gdn_deploy.reference import prefill_ref
 from gdn_deploy.validate import tolerance_for
 
-DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+from ._gpu_util import DT, op_attrs, to_device
+
 ORDER = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "A_log", "dt_bias")
 RAGGED = [0, 1, 63, 64, 65, 1000]
-
-
-def _to_device(inp, io_dtype, gate_dtype):
-    """Kernel inputs on the GPU and the float64 (GPU) values they hold, for the reference."""
-    dev, ref = {}, {}
-    for n, t in inp.items():
-        if n in ("q", "k", "v"):
-            d = t.to(io_dtype)
-        elif n in ("g", "beta"):
-            d = t.to(gate_dtype)
-        elif n in ("initial_state", "A_log", "dt_bias"):
-            d = t.to(torch.float32)
-        else:
-            d = t
-        dev[n] = d.cuda()
-        ref[n] = dev[n].double() if d.is_floating_point() else dev[n]
-    return dev, ref
-
-
-def _attrs(gate_mode, use_qk_l2norm, scale=0.0, eps=1e-6):
-    return dict(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=eps)
 
 
 def _tuned(kernels):
@@ -122,8 +103,8 @@ def _case_id(c):
 def test_prefill_vs_fp64(kernels, gen, case):
     seqlens, Hk, Hv, K, V, io, gd, gm, l2 = case
     inp = make_prefill_inputs(gen, seqlens, Hk, Hv, K, V, gate_mode=gm, use_qk_l2norm=l2)
-    d, ref = _to_device(inp, DT[io], DT[gd])
-    attrs = _attrs(gm, l2)
+    d, ref = to_device(inp, DT[io], DT[gd])
+    attrs = op_attrs(gm, l2)
     for nw in (_scan_variants(kernels, K) if io != "f32" else (0,)):
         o, final = _run(kernels, d, attrs, nw=nw)
         _check(o, final, ref, attrs, DT[io])
@@ -139,8 +120,8 @@ def _scan_variants(kernels, K):
 @pytest.mark.parametrize("io", ["bf16", "f16", "f32"])
 def test_prefill_scale_and_no_initial_state(kernels, gen, io):
     inp = make_prefill_inputs(gen, [70, 129], 2, 4, 128, 128, use_qk_l2norm=1)
-    d, ref = _to_device(inp, DT[io], torch.float32)
-    attrs = _attrs(0, 1, scale=0.3)
+    d, ref = to_device(inp, DT[io], torch.float32)
+    attrs = op_attrs(0, 1, scale=0.3)
     o, final = _run(kernels, d, attrs, initial_state=None)
     _check(o, final, ref, attrs, DT[io], zero_state=True)
 
@@ -153,8 +134,8 @@ def test_prefill_extreme_gates(kernels, gen, io, regime):
           "decay~0,beta~0": dict(g_range=(-30.0, -5.0), beta_range=(0.0, 1e-3)),
           "mixed": dict(g_range=(-20.0, 0.0), beta_range=(0.0, 1.0))}[regime]
     inp = make_prefill_inputs(gen, [1, 64, 300], 2, 4, 128, 128, use_qk_l2norm=1, **kw)
-    d, ref = _to_device(inp, DT[io], torch.float32)
-    attrs = _attrs(0, 1)
+    d, ref = to_device(inp, DT[io], torch.float32)
+    attrs = op_attrs(0, 1)
     o, final = _run(kernels, d, attrs)
     _check(o, final, ref, attrs, DT[io])
 
@@ -163,8 +144,8 @@ def test_prefill_extreme_gates(kernels, gen, io, regime):
 def test_prefill_all_empty_sequences_copy_state(kernels, gen):
     inp = make_prefill_inputs(gen, [0, 0, 0], 2, 4, 128, 128, use_qk_l2norm=1)
     for io in ("bf16", "f32"):
-        d, _ = _to_device(inp, DT[io], torch.float32)
-        o, final = _run(kernels, d, _attrs(0, 1))
+        d, _ = to_device(inp, DT[io], torch.float32)
+        o, final = _run(kernels, d, op_attrs(0, 1))
         assert o.numel() == 0
         assert torch.equal(final, d["initial_state"])
 
@@ -173,8 +154,8 @@ def test_prefill_all_empty_sequences_copy_state(kernels, gen):
 @pytest.mark.parametrize("io", ["bf16", "f32"])
 def test_prefill_64k_tokens(kernels, gen, io):
     inp = make_prefill_inputs(gen, [65536], 1, 2, 128, 128, gate_mode=1, use_qk_l2norm=1)
-    d, ref = _to_device(inp, DT[io], torch.bfloat16 if io == "bf16" else torch.float32)
-    attrs = _attrs(1, 1)
+    d, ref = to_device(inp, DT[io], torch.bfloat16 if io == "bf16" else torch.float32)
+    attrs = op_attrs(1, 1)
     o, final = _run(kernels, d, attrs)
     eo, es = _check(o, final, ref, attrs, DT[io])
     print(f"64K {io}: o rel err {eo:.2e}, final_state rel err {es:.2e}")
@@ -184,8 +165,8 @@ def test_prefill_64k_tokens(kernels, gen, io):
 @pytest.mark.parametrize("io", ["bf16", "f32"])
 def test_prefill_cuda_graph_replay_matches_eager(kernels, gen, io):
     inp = make_prefill_inputs(gen, RAGGED, 2, 4, 128, 128, gate_mode=1, use_qk_l2norm=1)
-    d, _ = _to_device(inp, DT[io], torch.float32)
-    attrs = _attrs(1, 1)
+    d, _ = to_device(inp, DT[io], torch.float32)
+    attrs = op_attrs(1, 1)
     o = torch.full_like(d["v"], float("nan"))
     final = torch.full_like(d["initial_state"], float("nan"))
     p = _params(kernels, d, attrs, o, final)
@@ -202,7 +183,7 @@ def test_prefill_cuda_graph_replay_matches_eager(kernels, gen, io):
     torch.cuda.synchronize()
     for _ in range(2):  # fresh inputs written in place, then replay vs an eager launch
         fresh = make_prefill_inputs(gen, RAGGED, 2, 4, 128, 128, gate_mode=1, use_qk_l2norm=1)
-        nd, _ = _to_device(fresh, DT[io], torch.float32)
+        nd, _ = to_device(fresh, DT[io], torch.float32)
         for n in ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"):
             d[n].copy_(nd[n])
         o.fill_(float("nan"))
@@ -217,6 +198,6 @@ def test_prefill_cuda_graph_replay_matches_eager(kernels, gen, io):
 @pytest.mark.gpu
 def test_prefill_unsupported_head_dim_has_reason(kernels, gen):
     inp = make_prefill_inputs(gen, [10], 1, 1, 96, 64)
-    d, _ = _to_device(inp, torch.bfloat16, torch.float32)
-    p = _params(kernels, d, _attrs(0, 0), torch.empty_like(d["v"]), torch.empty_like(d["initial_state"]))
+    d, _ = to_device(inp, torch.bfloat16, torch.float32)
+    p = _params(kernels, d, op_attrs(0, 0), torch.empty_like(d["v"]), torch.empty_like(d["initial_state"]))
     assert "head dim K" in kernels.launch.prefill_supports(kernels.LIB, p)

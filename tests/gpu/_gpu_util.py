@@ -1,0 +1,29 @@
+"""Helpers shared by the GPU kernel tests: dtype names, op attributes, inputs moved to the GPU."""
+from __future__ import annotations
+
+import torch
+
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+_FP32_INPUTS = ("state", "initial_state", "A_log", "dt_bias")
+
+
+def op_attrs(gate_mode, use_qk_l2norm, scale=0.0, eps=1e-6):
+    return dict(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=eps)
+
+
+def to_device(inp, io_dtype, gate_dtype):
+    """Kernel inputs on the GPU (q/k/v in the I/O dtype, gates in the gate dtype, states and A_log/dt_bias
+    in float32) and the float64 values they hold (on the GPU), for the reference."""
+    dev, ref = {}, {}
+    for n, t in inp.items():
+        if n in ("q", "k", "v"):
+            d = t.to(io_dtype)
+        elif n in ("g", "beta"):
+            d = t.to(gate_dtype)
+        elif n in _FP32_INPUTS:
+            d = t.to(torch.float32)
+        else:
+            d = t
+        dev[n] = d.cuda()
+        ref[n] = dev[n].double() if d.is_floating_point() else dev[n]
+    return dev, ref
