@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu")]
 kernels = None  # gdn_deploy.kernels, imported in main() (needs a CUDA device)
+from bench_kernels import time_events  # noqa: E402  (benchmarks/bench_kernels.py)
 from conftest import make_prefill_inputs, rel_err  # noqa: E402  (tests/conftest.py)
 from gdn_deploy.reference import prefill_ref  # noqa: E402
 from gdn_deploy.validate import tolerance_for  # noqa: E402
@@ -89,21 +89,6 @@ def check(fn, variant, seed, case):
     return eo <= tol and es <= tol, f"o {eo:.2e} state {es:.2e}"
 
 
-def ev_time(fn, reps=20, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
 def time_case(fn, name, variants):
     lens = CASES[name]
     T, N, Hk, Hv, K, V = sum(lens), len(lens), 16, 32, 128, 128
@@ -121,7 +106,7 @@ def time_case(fn, name, variants):
     for v in variants:
         def run(v=v):
             assert fn(ctypes.byref(p), s, v) == 0
-        row.append(f"v{v}: {ev_time(run):.3f}")
+        row.append(f"v{v}: {time_events(run, reps=20, warmup=3):.3f}")
         if name == "1x64K":
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

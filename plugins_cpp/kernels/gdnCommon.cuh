@@ -1,6 +1,7 @@
 // Device helpers shared by the gdn CUDA kernels (decode, prefill).
 // dtype load/store for float32 / float16 / bfloat16, gate math, warp reductions, a
-// compile-time dtype dispatch and a host-side error-check macro. Header-only; no state.
+// compile-time dtype dispatch, a host-side error-check macro and a per-device cached attribute query.
+// Header-only.
 // Keep this interface stable: gdnDecode.cu and gdnPrefill.cu both include it.
 #pragma once
 
@@ -263,6 +264,28 @@ __device__ __forceinline__ float warpSumStrided(float x)
 __host__ __device__ constexpr int ceilDiv(int a, int b)
 {
     return (a + b - 1) / b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// host: attribute A of the current device, queried once per device (a device query, not a stream
+// operation: safe while a graph is being captured); `fallback` when the query fails
+// ---------------------------------------------------------------------------------------------
+template <cudaDeviceAttr A>
+int cachedDeviceAttribute(int fallback)
+{
+    constexpr int kMaxDevices = 64;
+    static int value[kMaxDevices];
+    static bool known[kMaxDevices];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices)
+        return fallback;
+    if (!known[dev])
+    {
+        int v = 0;
+        value[dev] = cudaDeviceGetAttribute(&v, A, dev) == cudaSuccess ? v : fallback;
+        known[dev] = true;
+    }
+    return value[dev];
 }
 
 } // namespace detail

@@ -213,21 +213,11 @@ bool isHeadDim(int d)
     return d == 64 || d == 128 || d == 256;
 }
 
-// Multiprocessor count of the current device (cached; a query, not a stream operation: capture-safe).
+// Multiprocessor count of the current device (cached per device; capture-safe).
 int smCount()
 {
-    static int cached[64] = {0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
-        return 132;
-    if (cached[dev] == 0)
-    {
-        int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-            n = 132;
-        cached[dev] = n;
-    }
-    return cached[dev];
+    int const n = cachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(132);
+    return n > 0 ? n : 132;
 }
 
 } // namespace

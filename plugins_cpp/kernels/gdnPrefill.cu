@@ -1,7 +1,7 @@
 // GatedDeltaPrefill: launchGdnPrefill, gdnPrefillSupports, gdnPrefillWorkspaceSize (gdnKernels.h).
 //
 // 16-bit I/O (bf16, fp16): the chunked WY/UT form on tensor cores (gdnPrefillChunked.cuh): a prep
-// kernel over all (chunk, head) pairs, then a scan kernel per (sequence, head, V-tile): warpgroup
+// kernel over all (chunk, key head) pairs, then a scan kernel per (sequence, head, V-tile): warpgroup
 // wgmma (gdnPrefillScanWgmma.cuh) where the library holds sm_90a code and the device is sm_90 and
 // K <= 128, else warp-level mma.sync.
 // fp32 I/O: an exact fp32 token-by-token kernel (plain FMA; 1e-4 against fp64 rules out bf16/tf32
@@ -194,22 +194,12 @@ bool isHeadDim(int d)
 constexpr int kScanWgmma = 1;
 
 // True when this library holds sm_90a code (GDN_BUILT_SM90A, set by CMake when "90a" is among the
-// architectures) and the current device is compute capability 9.0 (cached query, capture-safe).
+// architectures) and the current device is compute capability 9.0.
 bool wgmmaUsable()
 {
 #if defined(GDN_BUILT_SM90A) && GDN_BUILT_SM90A
-    static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
-        return false;
-    if (cached[dev] == 0)
-    {
-        int major = 0, minor = 0;
-        bool const ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
-            && cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-        cached[dev] = ok && major == 9 && minor == 0 ? 1 : 2;
-    }
-    return cached[dev] == 1;
+    return cachedDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(0) == 9
+        && cachedDeviceAttribute<cudaDevAttrComputeCapabilityMinor>(-1) == 0;
 #else
     return false;
 #endif
@@ -226,23 +216,21 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int nw, 
         kern<<<dim3(ids, p.Hk), 128, smem, stream>>>(p, ws);  // per (chunk, key head)
         GDN_CUDA_TRY(cudaGetLastError());
     }
-    auto scan = [&](auto kern, int smem, int vt, int threads) -> cudaError_t
+    auto scan = [&](auto kern, int smem, int vt) -> cudaError_t  // one warp per 16 value columns
     {
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kern<<<dim3(p.N, p.Hv, p.V / vt), threads, smem, stream>>>(p, ws);
+        kern<<<dim3(p.N, p.Hv, p.V / vt), (vt / 16) * 32, smem, stream>>>(p, ws);
         return cudaGetLastError();
     };
     if constexpr (K <= 128)
     {
         if (nw == kScanWgmma)  // + 1 KB: alignment slack for the swizzled tiles
             return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
-                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, 128);
+                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64);
     }
     if (nw == 2)
-        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)),
-            32, 64);
-    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>, int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64,
-        128);
+        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
+    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>, int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64);
 }
 
 template <int K>

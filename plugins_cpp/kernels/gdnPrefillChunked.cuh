@@ -348,6 +348,47 @@ __device__ __forceinline__ void applyX(float (&pa)[8][4], float const (&gq)[kC][
         }
 }
 
+// S^T *= f (every accumulator)
+template <int NKT>
+__device__ __forceinline__ void scaleState(float (&s)[NKT][4], float f)
+{
+#pragma unroll
+    for (int t = 0; t < NKT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            s[t][e] *= f;
+}
+
+// acc (16 x 64) (+)= X (16 x 64, accumulator layout, packed per k16 step) * B^T, B a 64x64 row-major 16-bit
+// tile (row stride CS elements) at the warp's ldmatrix lane address `tile`, lower block triangular (Tm',
+// Aqk): the k16 blocks above the diagonal are skipped.
+template <typename T, int CS>
+__device__ __forceinline__ void mmaTriProduct(float (&acc)[8][4], float const (&x)[8][4], uint32_t tile, bool accumulate)
+{
+    if (!accumulate)
+    {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[j][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+    {
+        uint32_t a[4];
+        accToA<T>(a, x, kk);
+#pragma unroll
+        for (int j = kk; j < 4; ++j)
+        {
+            uint32_t b[4];
+            ldsmX4(b, tile + 2u * (16 * j * CS + 16 * kk));
+            mma16816<T>(acc[2 * j], a, b[0], b[1]);
+            mma16816<T>(acc[2 * j + 1], a, b[2], b[3]);
+        }
+    }
+}
+
 // a (16 columns x 64 tokens, accumulator layout) *= the per-token factor gq[token][col]
 __device__ __forceinline__ void scaleTokens(float (&a)[8][4], float const (&gq)[kC][4], int col, int lane)
 {
@@ -374,12 +415,7 @@ template <int NKT>
 __device__ __forceinline__ void applyUpdateScales(float (&da)[8][4], float (&s)[NKT][4], float const (&gq)[kC][4], int lane)
 {
     scaleTokens(da, gq, 2, lane);
-    float const eGC = gq[0][3];
-#pragma unroll
-    for (int t = 0; t < NKT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            s[t][e] *= eGC;
+    scaleState(s, gq[0][3]);
 }
 
 // o^T accumulators (16 columns x 64 tokens) -> the warp's staging tile (token rows; sm_90: stmatrix.trans
@@ -461,6 +497,19 @@ __device__ __forceinline__ void issueTile(uint32_t dst, int sStride, uint16_t co
     }
 }
 
+// The chunk's v columns [vbase, vbase + VT) (row-major, row stride VS) and its workspace gq slot
+// (the per-token factors), by NT threads: the parts both scans stage the same way.
+template <int VT, int VS, int NT>
+__device__ __forceinline__ void issueVAndFactors(uint32_t vDst, uint32_t gqDst, GdnPrefillParams const& p,
+    ChunkWs const& ws, int64_t slot, int t0, int len, int h, int vbase)
+{
+    issueTile<VT / 8, NT>(vDst, VS, static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase,
+        (int64_t)p.Hv * p.V, len);
+    float const* gq = ws.gq + slot * (4 * kC);
+    if (threadIdx.x < kC)
+        cpAsync16(gqDst + 16u * threadIdx.x, gq + 4 * threadIdx.x, 16);
+}
+
 template <typename T, int K, int NW>
 __device__ __forceinline__ void scanIssueStage(uint32_t stAddr, GdnPrefillParams const& p, ChunkWs const& ws,
     int64_t slot, int t0, int len, int h, int hk, int vbase)
@@ -468,19 +517,16 @@ __device__ __forceinline__ void scanIssueStage(uint32_t stAddr, GdnPrefillParams
     using SM = ScanSmem<T, K, NW>;
     using St = typename SM::Stage;
     constexpr int NT = 32 * NW;
-    int64_t const qkRow = (int64_t)p.Hk * K, vRow = (int64_t)p.Hv * p.V;
+    int64_t const qkRow = (int64_t)p.Hk * K;
     int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K;
     issueTile<K / 8, NT>(stAddr + offsetof(St, k), SM::KS, static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
     issueTile<K / 8, NT>(stAddr + offsetof(St, q), SM::KS, static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
-    issueTile<SM::VT / 8, NT>(stAddr + offsetof(St, v), SM::VS,
-        static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase, vRow, len);
     issueTile<kC / 8, NT>(stAddr + offsetof(St, tm), SM::CS, static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC),
         kC, kC);
     issueTile<kC / 8, NT>(stAddr + offsetof(St, aqk), SM::CS,
         static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
-    float const* gq = ws.gq + slot * (4 * kC);
-    if (threadIdx.x < kC)
-        cpAsync16(stAddr + offsetof(St, gq) + 16u * threadIdx.x, gq + 4 * threadIdx.x, 16);
+    issueVAndFactors<SM::VT, SM::VS, NT>(stAddr + offsetof(St, v), stAddr + offsetof(St, gq), p, ws, slot, t0, len, h,
+        vbase);
 }
 
 template <typename T, int K, int NW>
@@ -553,48 +599,12 @@ __global__ void __launch_bounds__(32 * NW, 1) gdnPrefillScanKernel(GdnPrefillPar
         // X = v - e^G rk P ; O1 *= e^G qs (per-token factors precomputed by the prep kernel)
         applyX(pa, st.gq, &st.v[0][16 * warp], SM::VS, lane);
         applyO1(oa, st.gq, lane);
-        // delta^T = X^T Tm'^T
+        // delta^T = X^T Tm'^T ; O^T += delta^T Aqk^T
         float da[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                da[j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-        {
-            uint32_t a[4];
-            accToA<T>(a, pa, kk);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-            {
-                if (kk > j)
-                    continue;  // Tm' is lower (block) triangular
-                uint32_t b[4];
-                ldsmX4(b, aTm + 2u * (16 * j * CS + 16 * kk));
-                mma16816<T>(da[2 * j], a, b[0], b[1]);
-                mma16816<T>(da[2 * j + 1], a, b[2], b[3]);
-            }
-        }
-        // O^T += delta^T Aqk^T
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-        {
-            uint32_t a[4];
-            accToA<T>(a, da, kk);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-            {
-                if (kk > j)
-                    continue;  // Aqk is causal (lower triangular)
-                uint32_t b[4];
-                ldsmX4(b, aAq + 2u * (16 * j * CS + 16 * kk));
-                mma16816<T>(oa[2 * j], a, b[0], b[1]);
-                mma16816<T>(oa[2 * j + 1], a, b[2], b[3]);
-            }
-        }
-        // o -> per-warp staging (token rows; sm_90: stmatrix.trans of the accumulator pairs), then 4-byte
-        // coalesced stores of the valid rows
+        mmaTriProduct<T, CS>(da, pa, aTm, false);
+        mmaTriProduct<T, CS>(oa, da, aAq, true);
+        // o -> per-warp staging (token rows; sm_90: stmatrix.trans of the accumulator pairs), then 16-byte
+        // row stores of the valid rows
         storeOTile<T, SM::OS>(oa, sm.out[warp], aOut, static_cast<T*>(p.o) + ((int64_t)(bos + c * kC) * Hv + h) * V + vw,
             (int64_t)Hv * V, len, lane);
         // S^T = e^{G_C} S^T + (delta e^{G_C - G} rk)^T k

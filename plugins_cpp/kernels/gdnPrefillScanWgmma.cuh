@@ -93,11 +93,8 @@ __device__ __forceinline__ void wgIssueStage(uint32_t stAddr, GdnPrefillParams c
     }
     issueSwzTile<kC, true>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC, kC);
     issueSwzTile<kC, true>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
-    issueTile<SM::VT / 8, 128>(stAddr + offsetof(St, v), SM::VS,
-        static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase, (int64_t)p.Hv * p.V, len);
-    float const* gq = ws.gq + slot * (4 * kC);
-    if (threadIdx.x < kC)
-        cpAsync16(stAddr + offsetof(St, gq) + 16u * threadIdx.x, gq + 4 * threadIdx.x, 16);
+    issueVAndFactors<SM::VT, SM::VS, 128>(stAddr + offsetof(St, v), stAddr + offsetof(St, gq), p, ws, slot, t0, len,
+        h, vbase);
 }
 
 // acc (64 x 64) (+)= A (64 x 64, four k16 register fragments) * B, B[k][n] = tile[n][k] from the
@@ -194,12 +191,7 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParam
         {
             // S^T *= e^{G_C} ahead of the update (here, not in the shadow of P: ptxas would wait for
             // the in-flight wgmma before touching registers a wgmma once defined, C7517)
-            float const eGC = st.gq[0][3];
-#pragma unroll
-            for (int t = 0; t < NKT; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[t][e] *= eGC;
+            scaleState(s, st.gq[0][3]);
         }
         float pa[8][4], oa[8][4], da[8][4];
         wgFence();
