@@ -3,8 +3,9 @@ then timings of the Qwen3-Next shapes (bf16 I/O, fp32 gates, Hk=16, Hv=32, K=V=1
 
   python3 benchmarks/bench_prefill_variants.py [--variants 0,2,4] [--cases 1x4K,1x64K] [--no-check]
 
-Variants: the last argument of gdnPrefillLaunchTunedC (gdnPrefill.cu): 1 = warpgroup wgmma scan (needs an
-sm_90a build on an sm_90 device; K = 256 falls back to 4); 2 or 4 = mma.sync scan with that many warps per
+Variants: the last argument of gdnPrefillLaunchTunedC (gdnPrefill.cu): 1 = warpgroup wgmma scan after the
+prep kernel, 3 = the same scan beside a persistent prep kernel (both need an sm_90a build on an sm_90
+device; K = 256 falls back to 4); 2 or 4 = mma.sync scan with that many warps per
 CTA (V-tile 16 x warps); 0 = the automatic pick.
 Correctness: fresh random inputs per check, NaN-poisoned outputs and 0xFF-poisoned workspace, rel err
 vs the float64 chunked reference <= the spec tolerance (1e-2 for 16-bit I/O). Exit status 1 on a failure.
@@ -31,7 +32,7 @@ from gdn_deploy.reference import prefill_ref  # noqa: E402
 from gdn_deploy.validate import tolerance_for  # noqa: E402
 
 DEV = torch.device("cuda")
-VARIANTS = (1, 4, 0)
+VARIANTS = (1, 3, 4, 0)
 CASES = {"1x4K": [4096], "1x16K": [16384], "1x64K": [65536], "16x1K": [1024] * 16,
          "ragged": [3000, 17, 900, 4096, 1, 511, 2048, 64, 7000, 333]}
 ORDER = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "A_log", "dt_bias")

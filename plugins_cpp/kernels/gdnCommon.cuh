@@ -288,6 +288,13 @@ int cachedDeviceAttribute(int fallback)
     return value[dev];
 }
 
+// Multiprocessor count of the current device (cached per device; capture-safe).
+inline int smCount()
+{
+    int const n = cachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(132);
+    return n > 0 ? n : 132;
+}
+
 } // namespace detail
 } // namespace gdn
 

@@ -26,6 +26,32 @@ using namespace detail;
 
 constexpr int kMaxThreads = 256;
 
+// Small tiles (BV <= 16: the automatic pick for small batches, e.g. B = 1) load and store the state,
+// touched once, with the streaming (evict-first) cache hint; measured on H100/H200 it shortens the
+// single-wave B = 1 launch by ~10% (docs/kernels.md) while larger tiles at large batches lose a little.
+template <bool Stream>
+__device__ __forceinline__ void loadState4(float const* p, int64_t i, float (&out)[4])
+{
+    if constexpr (Stream)
+    {
+        float4 const v = __ldcs(reinterpret_cast<float4 const*>(p + i));
+        out[0] = v.x;
+        out[1] = v.y;
+        out[2] = v.z;
+        out[3] = v.w;
+    }
+    else
+        load4(p, i, out);
+}
+template <bool Stream>
+__device__ __forceinline__ void storeState4(float* p, int64_t i, float const (&x)[4])
+{
+    if constexpr (Stream)
+        __stcs(reinterpret_cast<float4*>(p + i), make_float4(x[0], x[1], x[2], x[3]));
+    else
+        store4(p, i, x);
+}
+
 template <int K, int BV>
 struct DecodeTile
 {
@@ -102,7 +128,7 @@ __global__ void __launch_bounds__(DecodeTile<K, BV>::NT) gdnDecodeKernel(GdnDeco
     float S[R][4];
 #pragma unroll
     for (int i = 0; i < R; ++i)
-        load4(p.stateIn, sOff + static_cast<int64_t>(kg + i * KG) * V, S[i]);
+        loadState4<(BV <= 16)>(p.stateIn, sOff + static_cast<int64_t>(kg + i * KG) * V, S[i]);
 
     // Partial reductions over this thread's rows.
     float acc[11];
@@ -176,7 +202,7 @@ __global__ void __launch_bounds__(DecodeTile<K, BV>::NT) gdnDecodeKernel(GdnDeco
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             ns[j] = fmaf(a, S[i][j], kn * delta[j]);
-        store4(p.stateOut, sOff + static_cast<int64_t>(kg + i * KG) * V, ns);
+        storeState4<(BV <= 16)>(p.stateOut, sOff + static_cast<int64_t>(kg + i * KG) * V, ns);
     }
 }
 
@@ -211,13 +237,6 @@ bool aligned(void const* ptr, uintptr_t n)
 bool isHeadDim(int d)
 {
     return d == 64 || d == 128 || d == 256;
-}
-
-// Multiprocessor count of the current device (cached per device; capture-safe).
-int smCount()
-{
-    int const n = cachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(132);
-    return n > 0 ? n : 132;
 }
 
 } // namespace

@@ -12,6 +12,7 @@
 #include "gdnPrefillChunked.cuh"
 #include "gdnPrefillScanWgmma.cuh"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace gdn
@@ -168,7 +169,7 @@ size_t alignUp(size_t x)
 
 struct WsLayout
 {
-    size_t aqk = 0, tm = 0, gq = 0, total = 0;
+    size_t aqk = 0, tm = 0, gq = 0, ctl = 0, ready = 0, total = 0;
 };
 
 WsLayout wsLayout(GdnPrefillParams const& p)
@@ -181,7 +182,9 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     w.aqk = 0;
     w.tm = mat;
     w.gq = 2 * mat;
-    w.total = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));
+    w.ctl = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));
+    w.ready = w.ctl + prefill_chunked::kCtlInts * sizeof(int);
+    w.total = w.ready + alignUp((size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hk) * sizeof(int));
     return w;
 }
 
@@ -190,8 +193,11 @@ bool isHeadDim(int d)
     return d == 64 || d == 128 || d == 256;
 }
 
-// Scan variants: 1 = one warpgroup, wgmma (sm_90a); 2 / 4 = mma.sync with that many warps per CTA.
+// Scan variants: 1 = one warpgroup, wgmma (sm_90a), after the prep kernel; 3 = the same scan launched
+// beside a persistent prep kernel (programmatic dependent launch, per-chunk ready flags); 2 / 4 =
+// mma.sync with that many warps per CTA.
 constexpr int kScanWgmma = 1;
+constexpr int kScanWgmmaBeside = 3;
 
 // True when this library holds sm_90a code (GDN_BUILT_SM90A, set by CMake when "90a" is among the
 // architectures) and the current device is compute capability 9.0.
@@ -206,14 +212,35 @@ bool wgmmaUsable()
 }
 
 template <typename T, int K>
-cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cudaStream_t stream)
+cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStream_t stream)
 {
     int const ids = p.T / kC + p.N;
+    int64_t const items = int64_t(ids) * p.Hk;
+    if (items > 0x7fffffffLL)
+        return cudaErrorInvalidConfiguration;
+    bool const beside = nw == kScanWgmmaBeside;
+    if (beside)  // the control block and the ready counters are contiguous
+        GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, (prefill_chunked::kCtlInts + size_t(items)) * sizeof(int), stream));
+    else
+        ws.ready = ws.ctl = nullptr;
+    // SMs kept for the scan: one per scan CTA, at most half of them (a forced beside launch of a larger
+    // scan runs in waves on those)
+    ws.scanCtas = int(std::min<int64_t>(int64_t(p.N) * p.Hv * (p.V / 64), smCount() / 2));
     {
         auto kern = prefill_chunked::gdnPrefillPrepKernel<T, K>;
         int const smem = sizeof(prefill_chunked::PrepSmem<T, K>);
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kern<<<dim3(ids, p.Hk), 128, smem, stream>>>(p, ws);  // per (chunk, key head)
+        // beside: all of the unified L1 as shared memory, so that a scan CTA fits on a kept SM
+        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+            beside ? int(cudaSharedmemCarveoutMaxShared) : int(cudaSharedmemCarveoutDefault)));
+        int64_t grid = items;
+        if (beside)  // persistent: as many CTAs as fit at once
+        {
+            int perSm = 0;
+            GDN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kern, 128, smem));
+            grid = std::min<int64_t>(items, int64_t(std::max(perSm, 1)) * smCount());
+        }
+        kern<<<unsigned(grid), 128, smem, stream>>>(p, ws, int(items));  // chunk-major (chunk, key head) items
         GDN_CUDA_TRY(cudaGetLastError());
     }
     auto scan = [&](auto kern, int smem, int vt) -> cudaError_t  // one warp per 16 value columns
@@ -224,9 +251,26 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs const& ws, int nw, 
     };
     if constexpr (K <= 128)
     {
-        if (nw == kScanWgmma)  // + 1 KB: alignment slack for the swizzled tiles
-            return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
-                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64);
+        auto wgKern = prefill_chunked::gdnPrefillScanWgKernel<T, K>;
+        int const wgSmem = int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024;  // + alignment slack
+        if (nw == kScanWgmma)
+            return scan(wgKern, wgSmem, 64);
+        if (beside)
+        {
+            // launched as soon as every prep CTA has started; it waits on the ready flags, not on the grid
+            GDN_CUDA_TRY(cudaFuncSetAttribute(wgKern, cudaFuncAttributeMaxDynamicSharedMemorySize, wgSmem));
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(p.N, p.Hv, p.V / 64);
+            cfg.blockDim = dim3(128);
+            cfg.dynamicSmemBytes = size_t(wgSmem);
+            cfg.stream = stream;
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            return cudaLaunchKernelEx(&cfg, wgKern, p, ws);
+        }
     }
     if (nw == 2)
         return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
@@ -263,7 +307,12 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cuda
 // (benchmarks/notes_prefill.md); wgmma wherever it can run.
 int pickScanVariant(GdnPrefillParams const& p)
 {
-    return (p.K <= 128 && wgmmaUsable()) ? kScanWgmma : 4;
+    if (p.K > 128 || !wgmmaUsable())
+        return 4;
+    // Beside the prep kernel when the scan CTAs fill at most half of the SMs (one short wave: long single
+    // sequences; the prep kernel keeps the other half); a batch of many sequences has CTAs enough for
+    // the serial order.
+    return 2 * int64_t(p.N) * p.Hv * (p.V / 64) <= smCount() ? kScanWgmmaBeside : kScanWgmma;
 }
 
 } // namespace
@@ -299,8 +348,8 @@ size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
     return wsLayout(p).total;
 }
 
-// nw: scan variant (1 = wgmma, 2 / 4 = mma.sync warps per CTA); anything else picks one. 1 where
-// wgmma cannot run returns cudaErrorNotSupported. Exposed for tests and benchmarks.
+// nw: scan variant (1 = wgmma after the prep kernel, 3 = wgmma beside it, 2 / 4 = mma.sync warps per
+// CTA); anything else picks one. 1 or 3 where wgmma cannot run returns cudaErrorNotSupported. Exposed for tests and benchmarks.
 cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int nw)
 {
     if (gdnPrefillSupports(p)[0] != '\0')
@@ -311,10 +360,11 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
     if (w.total > 0 && (p.workspace == nullptr || p.workspaceBytes < w.total))
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
-    ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq)};
-    if (nw == kScanWgmma && !wgmmaUsable())
-        return cudaErrorNotSupported;  // (K = 256 with nw = 1 runs the 4-warp mma.sync scan)
-    if (nw != 2 && nw != 4 && nw != kScanWgmma)
+    ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq),
+        reinterpret_cast<int*>(base + w.ready), reinterpret_cast<int*>(base + w.ctl), 0};
+    if ((nw == kScanWgmma || nw == kScanWgmmaBeside) && !wgmmaUsable())
+        return cudaErrorNotSupported;  // (K = 256 with nw = 1 or 3 runs the 4-warp mma.sync scan)
+    if (nw != 2 && nw != 4 && nw != kScanWgmma && nw != kScanWgmmaBeside)
         nw = pickScanVariant(p);
     return dispatchK(p, ws, nw, stream);
 }

@@ -55,7 +55,30 @@ struct ChunkWs
     void* aqk;
     void* tm;
     float* gq;
+    // When the scan runs beside the prep kernel: [hk][id] counters, zeroed before the prep kernel; the
+    // counter of the first chunk id of each block of kReadyBlock chunks of a sequence counts the prep
+    // items of the block that are done. nullptr otherwise.
+    int* ready;
+    // Beside the scan: [0] next work item, [1] SMs claimed, [2 ..] per-SM role (by %smid); zeroed with
+    // ready. scanCtas SMs are kept free for the scan's CTAs.
+    int* ctl;
+    int scanCtas;
 };
+
+constexpr int kReadyBlock = 8;  // chunks per ready counter: one acquire load per 8 chunks in the scan
+constexpr int kCtlSmIds = 1024;  // per-SM role slots (%smid beyond them: a worker SM)
+constexpr int kCtlInts = 2 + kCtlSmIds;  // chunks per ready counter: one acquire load per 8 chunks in the scan
+
+__device__ __forceinline__ void addRelease(int* f, int v)
+{
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
+}
+__device__ __forceinline__ int loadAcquire(int const* f)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+    return v;
+}
 
 template <typename T, int K>
 struct PrepSmem
@@ -70,31 +93,30 @@ struct PrepSmem
             T q[kC][KS];
             T k[kC][KS];
         } in;
-        struct
+        struct  // after q and k are consumed (Gram products in registers)
         {
-            float X[kC][LS];       // (I + L)^-1, built after q and k are consumed
+            float L[kC][LS];       // decayed, beta-scaled strictly lower k.k^T of the current value head
+            float X[kC][LS];       // (I + L)^-1
             float R[4][16][RS];    // per-warp 16x16 scratch of the block-row products
         } inv;
     } u;
-    float L[kC][LS];
     float G[kC], beta[kC], qs[kC], rk[kC];
     float scanTmp[2];
 };
 
+// One work item (chunk id, key head): q, k and their Gram products are shared by the Hv/Hk value heads
+// of the group, which then run the gate-dependent part one after the other.
+// Returns the chunk's index in its sequence, or -1 for an unused id.
 template <typename T, int K>
-__global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams const p, ChunkWs const ws)
+__device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const& ws, PrepSmem<T, K>& sm, int id, int hk)
 {
-    extern __shared__ __align__(16) unsigned char smemRaw[];
-    auto& sm = *reinterpret_cast<PrepSmem<T, K>*>(smemRaw);
     constexpr int KS = PrepSmem<T, K>::KS;
-    // one CTA per (chunk id, key head): q, k and their Gram products are shared by the Hv/Hk value
-    // heads of the group, which then run the gate-dependent part one after the other
-    int const id = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int const n = seqOfChunk(p.cuSeqlens, p.N, id);
     int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
     int const c = id - (bos / kC + n);
     if (c < 0 || c * kC >= L)
-        return;  // unused id (gap after a short or empty sequence)
+        return -1;  // unused id (gap after a short or empty sequence)
     int const t0 = bos + c * kC, len = min(kC, L - c * kC);
     int const Hv = p.Hv, Hk = p.Hk, grp = Hv / Hk;
 
@@ -230,7 +252,7 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
                 {
                     int const jj = 8 * j + 2 * (lane & 3) + e;
                     float const dec = jj <= i ? __expf(Gi - sm.G[jj]) : 0.f;
-                    sm.L[i][jj] = jj < i ? sm.beta[i] * dec * sm.rk[i] * sm.rk[jj] * kk[j][2 * hh + e] : 0.f;
+                    sm.u.inv.L[i][jj] = jj < i ? sm.beta[i] * dec * sm.rk[i] * sm.rk[jj] * kk[j][2 * hh + e] : 0.f;
                     vals[e] = dec * sm.qs[i] * sm.rk[jj] * qk[j][2 * hh + e];
                 }
                 *reinterpret_cast<uint32_t*>(aqkOut + i * kC + 8 * j + 2 * (lane & 3)) = pack2<T>(vals[0], vals[1]);
@@ -250,7 +272,7 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
                 float acc = (i == cl) ? 1.f : 0.f;
 #pragma unroll
                 for (int j = 0; j < i; ++j)
-                    acc = fmaf(-sm.L[o + i][o + j], x[j], acc);
+                    acc = fmaf(-sm.u.inv.L[o + i][o + j], x[j], acc);
                 x[i] = acc;
             }
 #pragma unroll
@@ -266,7 +288,7 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
             {
                 float acc[2][4] = {};
                 for (int m = b; m < a; ++m)
-                    mmaBlock16Tf32(acc, &sm.L[16 * a][16 * m], LS, &sm.u.inv.X[16 * m][16 * b], LS, lane);
+                    mmaBlock16Tf32(acc, &sm.u.inv.L[16 * a][16 * m], LS, &sm.u.inv.X[16 * m][16 * b], LS, lane);
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt)
                 {
@@ -302,6 +324,82 @@ __global__ void __launch_bounds__(128) gdnPrefillPrepKernel(GdnPrefillParams con
             *reinterpret_cast<float4*>(gqOut + 4 * tid)
                 = make_float4(eg * sm.rk[tid], eg * sm.qs[tid], __expf(GC - G) * sm.rk[tid], __expf(GC));
         }
+    }
+    return c;
+}
+
+// Prep kernel: items (chunk id, key head) in chunk-major order, item = blockIdx.x, blockIdx.x + gridDim.x, ...
+// (one item per CTA, or a persistent grid when it runs beside the scan). With ws.ready set, each item ends
+// by adding 1 (release, gpu scope) to the counter of its block of kReadyBlock chunks, which the scan
+// waits on. On sm_90 the kernel lets a programmatically dependent scan launch at once
+// (griddepcontrol.launch_dependents).
+// Beside the scan (ws.ctl set) the grid is persistent and SM-aware: the first prep CTA to start on an SM
+// claims it; claims 1 .. scanCtas mark the SM as kept for the scan and every prep CTA there exits at once
+// (claim 0 always works, so some SM always runs prep items and the scan, which waits on them, cannot
+// starve). The other CTAs take items from a shared counter, in order.
+__device__ __forceinline__ bool prepKeepsSmForScan(ChunkWs const& ws, int* bcast)
+{
+    enum : int { kFree = 0, kClaiming = 1, kForScan = 2, kWorker = 3 };
+    if (threadIdx.x == 0)
+    {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        int role = kWorker;
+        if (smid < unsigned(kCtlSmIds))
+        {
+            int* slot = ws.ctl + 2 + smid;
+            if (atomicCAS(slot, kFree, kClaiming) == kFree)
+            {
+                int const r = atomicAdd(ws.ctl + 1, 1);
+                role = (r >= 1 && r <= ws.scanCtas) ? kForScan : kWorker;
+                atomicExch(slot, role);
+            }
+            else
+            {
+                while ((role = loadAcquire(slot)) == kClaiming)
+                    __nanosleep(32);
+            }
+        }
+        *bcast = role;
+    }
+    __syncthreads();
+    return *bcast == kForScan;
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(128, 3) gdnPrefillPrepKernel(GdnPrefillParams const p, ChunkWs const ws, int nItems)
+{
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+    auto& sm = *reinterpret_cast<PrepSmem<T, K>*>(smemRaw);
+    __shared__ int bcast;
+    bool const beside = ws.ctl != nullptr;
+    if (beside && prepKeepsSmForScan(ws, &bcast))
+        return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    for (int item = blockIdx.x;;)
+    {
+        __syncthreads();  // the previous item's shared-memory reads (and bcast) are done
+        if (beside)
+        {
+            if (threadIdx.x == 0)
+                bcast = atomicAdd(ws.ctl, 1);
+            __syncthreads();
+            item = bcast;
+        }
+        if (item >= nItems)
+            break;
+        int const id = item / p.Hk, hk = item % p.Hk;
+        int const c = prepItem<T, K>(p, ws, sm, id, hk);
+        if (ws.ready != nullptr && c >= 0)
+        {
+            __syncthreads();  // every thread's workspace stores precede the release
+            if (threadIdx.x == 0)
+                addRelease(ws.ready + (int64_t)hk * (nItems / p.Hk) + id - c % kReadyBlock, 1);
+        }
+        if (!beside)
+            item += gridDim.x;
     }
 }
 

@@ -168,13 +168,36 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParam
     uint32_t const st0 = smemAddr(&sm.st[0]);
     int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
     uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
+    // Beside the prep kernel (ws.ready set), chunks cb .. cb + 7 (cb a multiple of kReadyBlock) are read
+    // only after their block counter shows every prep item of the block done: thread 0 spins on it with
+    // acquire loads before the barrier that precedes the block's first stage issue (one exposed L2 round
+    // trip per 8 chunks; a load in flight across the wgmma fences would stall every chunk).
+    int const* ready = ws.ready ? ws.ready + (int64_t)hk * (p.T / kC + p.N) + id0 : nullptr;
+    auto waitBlock = [&](int cb)
+    {
+        if (threadIdx.x == 0)
+        {
+            int const want = min(kReadyBlock, nch - cb);
+            while (loadAcquire(ready + cb) < want)
+                __nanosleep(64);
+        }
+    };
     if (nch > 0)
+    {
+        if (ready != nullptr)
+        {
+            waitBlock(0);
+            __syncthreads();
+        }
         wgIssueStage<T, K>(st0, p, ws, (int64_t)id0 * Hv + h, bos, min(kC, L), h, hk, vbase);
+    }
     cpAsyncCommit();
 
     uint32_t const vLane = smemAddr(&sm.st[0].v[(lane & 7) + 8 * (lane >> 4)][16 * warp + 8 * ((lane >> 3) & 1)]);
     for (int c = 0; c < nch; ++c)
     {
+        if (ready != nullptr && c + 1 < nch && (c + 1) % kReadyBlock == 0)
+            waitBlock(c + 1);  // the next stage (issued below) starts a block
         cpAsyncWaitAll();
         fenceProxyAsync();
         __syncthreads();
@@ -262,6 +285,9 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParam
     }
     cpAsyncWaitAll();
     storeStateT(s, p.finalState, sbase, V, vw, lane);
+    // launched as the programmatic dependent of the prep kernel: end only after it has (so the work
+    // after this kernel in the stream also follows the prep kernel)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #else
     (void)p, (void)ws;
     __trap();  // launched only where the sm_90a build runs (gdnPrefillWgmmaAvailable)
