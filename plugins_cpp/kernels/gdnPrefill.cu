@@ -169,7 +169,7 @@ size_t alignUp(size_t x)
 
 struct WsLayout
 {
-    size_t aqk = 0, tm = 0, gq = 0, ctl = 0, ready = 0, total = 0;
+    size_t aqk = 0, tm = 0, gq = 0, ctl = 0, total = 0;
 };
 
 WsLayout wsLayout(GdnPrefillParams const& p)
@@ -182,9 +182,9 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     w.aqk = 0;
     w.tm = mat;
     w.gq = 2 * mat;
-    w.ctl = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));
-    w.ready = w.ctl + prefill_chunked::kCtlInts * sizeof(int);
-    w.total = w.ready + alignUp((size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hk) * sizeof(int));
+    w.ctl = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));  // control block + ready counters
+    size_t const readyCounters = (size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hk);
+    w.total = w.ctl + alignUp((prefill_chunked::kCtlInts + readyCounters) * sizeof(int));
     return w;
 }
 
@@ -194,7 +194,7 @@ bool isHeadDim(int d)
 }
 
 // Scan variants: 1 = one warpgroup, wgmma (sm_90a), after the prep kernel; 3 = the same scan launched
-// beside a persistent prep kernel (programmatic dependent launch, per-chunk ready flags); 2 / 4 =
+// beside a persistent prep kernel (programmatic dependent launch, ready counters per 8 chunks); 2 / 4 =
 // mma.sync with that many warps per CTA.
 constexpr int kScanWgmma = 1;
 constexpr int kScanWgmmaBeside = 3;
@@ -211,6 +211,12 @@ bool wgmmaUsable()
 #endif
 }
 
+// CTAs of the wgmma scan (V-tile 64)
+int64_t wgScanCtas(GdnPrefillParams const& p)
+{
+    return int64_t(p.N) * p.Hv * (p.V / 64);
+}
+
 template <typename T, int K>
 cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStream_t stream)
 {
@@ -218,14 +224,16 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     int64_t const items = int64_t(ids) * p.Hk;
     if (items > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
-    bool const beside = nw == kScanWgmmaBeside;
-    if (beside)  // the control block and the ready counters are contiguous
+    bool const beside = nw == kScanWgmmaBeside && K <= 128;  // (K = 256 runs the mma.sync scan after the prep)
+    if (beside)
+    {
         GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, (prefill_chunked::kCtlInts + size_t(items)) * sizeof(int), stream));
+        // SMs kept for the scan: one per scan CTA, at most half of them (a forced beside launch of a
+        // larger scan runs in waves on those)
+        ws.scanCtas = int(std::min<int64_t>(wgScanCtas(p), smCount() / 2));
+    }
     else
-        ws.ready = ws.ctl = nullptr;
-    // SMs kept for the scan: one per scan CTA, at most half of them (a forced beside launch of a larger
-    // scan runs in waves on those)
-    ws.scanCtas = int(std::min<int64_t>(int64_t(p.N) * p.Hv * (p.V / 64), smCount() / 2));
+        ws.ctl = nullptr;
     {
         auto kern = prefill_chunked::gdnPrefillPrepKernel<T, K>;
         int const smem = sizeof(prefill_chunked::PrepSmem<T, K>);
@@ -243,34 +251,28 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         kern<<<unsigned(grid), 128, smem, stream>>>(p, ws, int(items));  // chunk-major (chunk, key head) items
         GDN_CUDA_TRY(cudaGetLastError());
     }
-    auto scan = [&](auto kern, int smem, int vt) -> cudaError_t  // one warp per 16 value columns
+    // one warp per 16 value columns; beside: launched as the programmatic dependent of the prep kernel
+    // (as soon as every prep CTA has started; it waits on the ready counters, not on the grid)
+    auto scan = [&](auto kern, int smem, int vt) -> cudaError_t
     {
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kern<<<dim3(p.N, p.Hv, p.V / vt), (vt / 16) * 32, smem, stream>>>(p, ws);
-        return cudaGetLastError();
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(p.N, p.Hv, p.V / vt);
+        cfg.blockDim = dim3((vt / 16) * 32);
+        cfg.dynamicSmemBytes = size_t(smem);
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = beside ? 1 : 0;
+        return cudaLaunchKernelEx(&cfg, kern, p, ws);
     };
     if constexpr (K <= 128)
     {
-        auto wgKern = prefill_chunked::gdnPrefillScanWgKernel<T, K>;
-        int const wgSmem = int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024;  // + alignment slack
-        if (nw == kScanWgmma)
-            return scan(wgKern, wgSmem, 64);
-        if (beside)
-        {
-            // launched as soon as every prep CTA has started; it waits on the ready flags, not on the grid
-            GDN_CUDA_TRY(cudaFuncSetAttribute(wgKern, cudaFuncAttributeMaxDynamicSharedMemorySize, wgSmem));
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(p.N, p.Hv, p.V / 64);
-            cfg.blockDim = dim3(128);
-            cfg.dynamicSmemBytes = size_t(wgSmem);
-            cfg.stream = stream;
-            cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
-            return cudaLaunchKernelEx(&cfg, wgKern, p, ws);
-        }
+        if (nw == kScanWgmma || beside)  // + 1 KB: alignment slack for the swizzled tiles
+            return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
+                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64);
     }
     if (nw == 2)
         return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
@@ -312,7 +314,7 @@ int pickScanVariant(GdnPrefillParams const& p)
     // Beside the prep kernel when the scan CTAs fill at most half of the SMs (one short wave: long single
     // sequences; the prep kernel keeps the other half); a batch of many sequences has CTAs enough for
     // the serial order.
-    return 2 * int64_t(p.N) * p.Hv * (p.V / 64) <= smCount() ? kScanWgmmaBeside : kScanWgmma;
+    return 2 * wgScanCtas(p) <= smCount() ? kScanWgmmaBeside : kScanWgmma;
 }
 
 } // namespace
@@ -349,7 +351,8 @@ size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
 }
 
 // nw: scan variant (1 = wgmma after the prep kernel, 3 = wgmma beside it, 2 / 4 = mma.sync warps per
-// CTA); anything else picks one. 1 or 3 where wgmma cannot run returns cudaErrorNotSupported. Exposed for tests and benchmarks.
+// CTA); anything else picks one. 1 or 3 where wgmma cannot run returns cudaErrorNotSupported. Exposed
+// for tests and benchmarks.
 cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int nw)
 {
     if (gdnPrefillSupports(p)[0] != '\0')
@@ -360,8 +363,8 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
     if (w.total > 0 && (p.workspace == nullptr || p.workspaceBytes < w.total))
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
-    ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq),
-        reinterpret_cast<int*>(base + w.ready), reinterpret_cast<int*>(base + w.ctl), 0};
+    ChunkWs const ws{
+        base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0};
     if ((nw == kScanWgmma || nw == kScanWgmmaBeside) && !wgmmaUsable())
         return cudaErrorNotSupported;  // (K = 256 with nw = 1 or 3 runs the 4-warp mma.sync scan)
     if (nw != 2 && nw != 4 && nw != kScanWgmma && nw != kScanWgmmaBeside)

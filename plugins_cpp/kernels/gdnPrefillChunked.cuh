@@ -55,19 +55,24 @@ struct ChunkWs
     void* aqk;
     void* tm;
     float* gq;
-    // When the scan runs beside the prep kernel: [hk][id] counters, zeroed before the prep kernel; the
-    // counter of the first chunk id of each block of kReadyBlock chunks of a sequence counts the prep
-    // items of the block that are done. nullptr otherwise.
-    int* ready;
-    // Beside the scan: [0] next work item, [1] SMs claimed, [2 ..] per-SM role (by %smid); zeroed with
-    // ready. scanCtas SMs are kept free for the scan's CTAs.
+    // When the scan runs beside the prep kernel (nullptr otherwise), zeroed before the prep kernel:
+    // [0] next work item, [1] SMs claimed, [2 ..] per-SM role (by %smid), then the ready counters
+    // (readyCounter). scanCtas SMs are kept free for the scan's CTAs.
     int* ctl;
     int scanCtas;
 };
 
 constexpr int kReadyBlock = 8;  // chunks per ready counter: one acquire load per 8 chunks in the scan
 constexpr int kCtlSmIds = 1024;  // per-SM role slots (%smid beyond them: a worker SM)
-constexpr int kCtlInts = 2 + kCtlSmIds;  // chunks per ready counter: one acquire load per 8 chunks in the scan
+constexpr int kCtlInts = 2 + kCtlSmIds;  // ints of the control block ahead of the ready counters
+
+// Ready counter of chunk id `id` of key head hk ([hk][id], T/64 + N ids per head): the counter of the
+// first chunk id of each block of kReadyBlock chunks of a sequence counts the prep items of the block
+// that are done.
+__device__ __forceinline__ int* readyCounter(ChunkWs const& ws, GdnPrefillParams const& p, int hk, int id)
+{
+    return ws.ctl + kCtlInts + (int64_t)hk * (p.T / kC + p.N) + id;
+}
 
 __device__ __forceinline__ void addRelease(int* f, int v)
 {
@@ -329,7 +334,7 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
 }
 
 // Prep kernel: items (chunk id, key head) in chunk-major order, item = blockIdx.x, blockIdx.x + gridDim.x, ...
-// (one item per CTA, or a persistent grid when it runs beside the scan). With ws.ready set, each item ends
+// (one item per CTA, or a persistent grid when it runs beside the scan). Beside the scan, each item ends
 // by adding 1 (release, gpu scope) to the counter of its block of kReadyBlock chunks, which the scan
 // waits on. On sm_90 the kernel lets a programmatically dependent scan launch at once
 // (griddepcontrol.launch_dependents).
@@ -392,11 +397,11 @@ __global__ void __launch_bounds__(128, 3) gdnPrefillPrepKernel(GdnPrefillParams 
             break;
         int const id = item / p.Hk, hk = item % p.Hk;
         int const c = prepItem<T, K>(p, ws, sm, id, hk);
-        if (ws.ready != nullptr && c >= 0)
+        if (beside && c >= 0)
         {
             __syncthreads();  // every thread's workspace stores precede the release
             if (threadIdx.x == 0)
-                addRelease(ws.ready + (int64_t)hk * (nItems / p.Hk) + id - c % kReadyBlock, 1);
+                addRelease(readyCounter(ws, p, hk, id - c % kReadyBlock), 1);
         }
         if (!beside)
             item += gridDim.x;

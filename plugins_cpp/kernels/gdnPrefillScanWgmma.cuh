@@ -168,11 +168,11 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParam
     uint32_t const st0 = smemAddr(&sm.st[0]);
     int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
     uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
-    // Beside the prep kernel (ws.ready set), chunks cb .. cb + 7 (cb a multiple of kReadyBlock) are read
+    // Beside the prep kernel (ws.ctl set), chunks cb .. cb + 7 (cb a multiple of kReadyBlock) are read
     // only after their block counter shows every prep item of the block done: thread 0 spins on it with
     // acquire loads before the barrier that precedes the block's first stage issue (one exposed L2 round
     // trip per 8 chunks; a load in flight across the wgmma fences would stall every chunk).
-    int const* ready = ws.ready ? ws.ready + (int64_t)hk * (p.T / kC + p.N) + id0 : nullptr;
+    int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
     auto waitBlock = [&](int cb)
     {
         if (threadIdx.x == 0)

@@ -112,7 +112,7 @@ def test_prefill_vs_fp64(kernels, gen, case):
 
 def _scan_variants(kernels, K):
     """Scan kernels to check for 16-bit I/O: mma.sync with 2 and 4 warps, plus wgmma where it runs, after
-    the prep kernel (1) and beside it (3: persistent prep grid, ready flags, programmatic dependent launch)."""
+    the prep kernel (1) and beside it (3: persistent prep grid, ready counters, programmatic dependent launch)."""
     usable = getattr(kernels.LIB, "gdnPrefillWgmmaUsableC", None)
     return (1, 3, 2, 4) if usable is not None and usable(int(K)) else (2, 4)
 
