@@ -5,8 +5,8 @@ then timings of the Qwen3-Next shapes (bf16 I/O, fp32 gates, Hk=16, Hv=32, K=V=1
 
 Variants: the last argument of gdnPrefillLaunchTunedC (gdnPrefill.cu): 1 = warpgroup wgmma scan after the
 prep kernel, 3 = the same scan beside a persistent prep kernel (both need an sm_90a build on an sm_90
-device; K = 256 falls back to 4); 2 or 4 = mma.sync scan with that many warps per
-CTA (V-tile 16 x warps); 0 = the automatic pick.
+device; K = 256 falls back to 4), loading tiles by bulk tensor copies; 5 / 7 = 1 / 3 with cp.async loads;
+2 or 4 = mma.sync scan with that many warps per CTA (V-tile 16 x warps); 0 = the automatic pick.
 Correctness: fresh random inputs per check, NaN-poisoned outputs and 0xFF-poisoned workspace, rel err
 vs the float64 chunked reference <= the spec tolerance (1e-2 for 16-bit I/O). Exit status 1 on a failure.
 Timing: median of 20 CUDA-event-timed launches after 3 warm-ups; the 1x64K case also prints the

@@ -12,6 +12,8 @@
 #include "gdnPrefillChunked.cuh"
 #include "gdnPrefillScanWgmma.cuh"
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (through the runtime's driver entry point: no -lcuda)
+
 #include <algorithm>
 #include <cstdint>
 
@@ -195,9 +197,70 @@ bool isHeadDim(int d)
 
 // Scan variants: 1 = one warpgroup, wgmma (sm_90a), after the prep kernel; 3 = the same scan launched
 // beside a persistent prep kernel (programmatic dependent launch, ready counters per 8 chunks); 2 / 4 =
-// mma.sync with that many warps per CTA.
+// mma.sync with that many warps per CTA. The wgmma scan loads its tiles by bulk tensor copies where
+// the tensor maps encode; 1 + kNoTma and 3 + kNoTma force its cp.async loads (the fallback, for tests).
 constexpr int kScanWgmma = 1;
 constexpr int kScanWgmmaBeside = 3;
+constexpr int kNoTma = 4;
+
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
+
+// cuTensorMapEncodeTiled from the driver, looked up once (nullptr: not available -> cp.async loads)
+EncodeTiledFn tensorMapEncoder()
+{
+    static EncodeTiledFn const fn = []() -> EncodeTiledFn
+    {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+        cudaError_t const e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+        cudaError_t const e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess)
+        {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        return reinterpret_cast<EncodeTiledFn>(f);
+    }();
+    return fn;
+}
+
+// 3-D map of 16-bit elements: dims d (d[0] contiguous), strides s1, s2 in elements, box b, 128-byte
+// swizzle (the wgmma tile layout; b[0] = 64 elements = 128 B), rows past the end read as zero.
+bool encodeMap16(CUtensorMap* m, void const* base, uint64_t d0, uint64_t d1, uint64_t d2, uint64_t s1, uint64_t s2,
+    uint32_t b0, uint32_t b1, uint32_t b2)
+{
+    EncodeTiledFn const enc = tensorMapEncoder();
+    if (enc == nullptr || base == nullptr)
+        return false;
+    cuuint64_t const dims[3] = {d0, d1, d2};
+    cuuint64_t const strides[2] = {s1 * 2, s2 * 2};
+    cuuint32_t const box[3] = {b0, b1, b2};
+    cuuint32_t const elemStrides[3] = {1, 1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims, strides, box, elemStrides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        == CUDA_SUCCESS;
+}
+
+// The wgmma scan's tensor maps (host-only encoding: no sync, capture-safe); use = 0 where any fails
+// (an address or stride the copy engine does not take) or T = 0.
+prefill_chunked::ScanTmaMaps scanTmaMaps(GdnPrefillParams const& p, ChunkWs const& ws, int K)
+{
+    prefill_chunked::ScanTmaMaps m{};
+    int64_t const slots = (int64_t(p.T) / kC + p.N) * p.Hv;
+    if (p.T <= 0 || slots > 0x7fffffffLL)
+        return m;
+    uint64_t const T = uint64_t(p.T);
+    m.use = encodeMap16(&m.q, p.q, K, p.Hk, T, K, uint64_t(p.Hk) * K, 64, 1, kC)
+        && encodeMap16(&m.k, p.k, K, p.Hk, T, K, uint64_t(p.Hk) * K, 64, 1, kC)
+        && encodeMap16(&m.v, p.v, p.V, p.Hv, T, p.V, uint64_t(p.Hv) * p.V, 64, 1, kC)
+        && encodeMap16(&m.tm, ws.tm, kC, kC, uint64_t(slots), kC, kC * kC, kC, kC, 1)
+        && encodeMap16(&m.aqk, ws.aqk, kC, kC, uint64_t(slots), kC, kC * kC, kC, kC, 1);
+    return m;
+}
 
 // True when this library holds sm_90a code (GDN_BUILT_SM90A, set by CMake when "90a" is among the
 // architectures) and the current device is compute capability 9.0.
@@ -224,6 +287,9 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     int64_t const items = int64_t(ids) * p.Hk;
     if (items > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
+    bool const tma = nw == kScanWgmma || nw == kScanWgmmaBeside;
+    if (nw == kScanWgmma + kNoTma || nw == kScanWgmmaBeside + kNoTma)
+        nw -= kNoTma;
     bool const beside = nw == kScanWgmmaBeside && K <= 128;  // (K = 256 runs the mma.sync scan after the prep)
     if (beside)
     {
@@ -253,7 +319,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     }
     // one warp per 16 value columns; beside: launched as the programmatic dependent of the prep kernel
     // (as soon as every prep CTA has started; it waits on the ready counters, not on the grid)
-    auto scan = [&](auto kern, int smem, int vt) -> cudaError_t
+    auto scan = [&](auto kern, int smem, int vt, auto const&... extra) -> cudaError_t
     {
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         cudaLaunchAttribute attr[1];
@@ -266,13 +332,18 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         cfg.stream = stream;
         cfg.attrs = attr;
         cfg.numAttrs = beside ? 1 : 0;
-        return cudaLaunchKernelEx(&cfg, kern, p, ws);
+        return cudaLaunchKernelEx(&cfg, kern, p, ws, extra...);
     };
     if constexpr (K <= 128)
     {
         if (nw == kScanWgmma || beside)  // + 1 KB: alignment slack for the swizzled tiles
+        {
+            prefill_chunked::ScanTmaMaps maps{};
+            if (tma)
+                maps = scanTmaMaps(p, ws, K);
             return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
-                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64);
+                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, maps);
+        }
     }
     if (nw == 2)
         return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
@@ -350,9 +421,9 @@ size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
     return wsLayout(p).total;
 }
 
-// nw: scan variant (1 = wgmma after the prep kernel, 3 = wgmma beside it, 2 / 4 = mma.sync warps per
-// CTA); anything else picks one. 1 or 3 where wgmma cannot run returns cudaErrorNotSupported. Exposed
-// for tests and benchmarks.
+// nw: scan variant (1 = wgmma after the prep kernel, 3 = wgmma beside it, 5 / 7 = the same with cp.async
+// loads instead of bulk tensor copies, 2 / 4 = mma.sync warps per CTA); anything else picks one. A wgmma
+// variant where wgmma cannot run returns cudaErrorNotSupported. Exposed for tests and benchmarks.
 cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int nw)
 {
     if (gdnPrefillSupports(p)[0] != '\0')
@@ -365,9 +436,11 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
     char* base = static_cast<char*>(p.workspace);
     ChunkWs const ws{
         base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0};
-    if ((nw == kScanWgmma || nw == kScanWgmmaBeside) && !wgmmaUsable())
-        return cudaErrorNotSupported;  // (K = 256 with nw = 1 or 3 runs the 4-warp mma.sync scan)
-    if (nw != 2 && nw != 4 && nw != kScanWgmma && nw != kScanWgmmaBeside)
+    bool const wg = nw == kScanWgmma || nw == kScanWgmmaBeside || nw == kScanWgmma + kNoTma
+        || nw == kScanWgmmaBeside + kNoTma;
+    if (wg && !wgmmaUsable())
+        return cudaErrorNotSupported;  // (K = 256 with a wgmma variant runs the 4-warp mma.sync scan)
+    if (nw != 2 && nw != 4 && !wg)
         nw = pickScanVariant(p);
     return dispatchK(p, ws, nw, stream);
 }

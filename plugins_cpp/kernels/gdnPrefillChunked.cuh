@@ -105,7 +105,10 @@ struct PrepSmem
             float R[4][16][RS];    // per-warp 16x16 scratch of the block-row products
         } inv;
     } u;
-    float G[kC], beta[kC], qs[kC], rk[kC];
+    alignas(16) float G[kC];  // (16-byte aligned: read as float2 / float4 vectors)
+    alignas(16) float beta[kC];
+    alignas(16) float qs[kC];
+    alignas(16) float rk[kC];
     float scanTmp[2];
 };
 
@@ -244,24 +247,41 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
         T* aqkOut = static_cast<T*>(ws.aqk) + slot * (kC * kC);
         T* tmOut = static_cast<T*>(ws.tm) + slot * (kC * kC);
         float* gqOut = ws.gq + slot * (4 * kC);
+        // L_ij = beta_i rk_i rk_j e^{G_i - G_j} k_i.k_j (j < i) and Aqk_ij = qs_i rk_j e^{G_i - G_j} q_i.k_j
+        // (j <= i) from the accumulators of rows i = 8 rg + lane/4 (rg = 2 warp + hh), columns 8 j + 2 (lane%4)
+        // + {0, 1}. Per warp-uniform n8 block: below the row group all entries, the diagonal 8x8 block
+        // masked, above it Aqk = 0 and L not written (the inverse reads only its lower blocks).
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int hh = 0; hh < 2; ++hh)
+        {
+            int const rg = 2 * warp + hh, i = 8 * rg + (lane >> 2);
+            float const Gi = sm.G[i], bi = sm.beta[i] * sm.rk[i], qi = sm.qs[i];
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
+            for (int j = 0; j < 8; ++j)
             {
-                int const i = 16 * warp + (lane >> 2) + 8 * hh;
-                float const Gi = sm.G[i];
-                float vals[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
+                int const jj = 8 * j + 2 * (lane & 3);
+                uint32_t packed = 0u;
+                if (j <= rg)
                 {
-                    int const jj = 8 * j + 2 * (lane & 3) + e;
-                    float const dec = jj <= i ? __expf(Gi - sm.G[jj]) : 0.f;
-                    sm.u.inv.L[i][jj] = jj < i ? sm.beta[i] * dec * sm.rk[i] * sm.rk[jj] * kk[j][2 * hh + e] : 0.f;
-                    vals[e] = dec * sm.qs[i] * sm.rk[jj] * qk[j][2 * hh + e];
+                    float2 const Gj = *reinterpret_cast<float2 const*>(&sm.G[jj]);
+                    float2 const rj = *reinterpret_cast<float2 const*>(&sm.rk[jj]);
+                    // (e^{G_i - G_j} of j > i may overflow: only selected away below, never multiplied in)
+                    float const d0 = __expf(Gi - Gj.x) * rj.x, d1 = __expf(Gi - Gj.y) * rj.y;
+                    float l0 = bi * d0 * kk[j][2 * hh], l1 = bi * d1 * kk[j][2 * hh + 1];
+                    float a0 = qi * d0 * qk[j][2 * hh], a1 = qi * d1 * qk[j][2 * hh + 1];
+                    if (j == rg)
+                    {
+                        l0 = jj < i ? l0 : 0.f;
+                        l1 = jj + 1 < i ? l1 : 0.f;
+                        a0 = jj <= i ? a0 : 0.f;
+                        a1 = jj + 1 <= i ? a1 : 0.f;
+                    }
+                    *reinterpret_cast<float2*>(&sm.u.inv.L[i][jj]) = make_float2(l0, l1);
+                    packed = pack2<T>(a0, a1);
                 }
-                *reinterpret_cast<uint32_t*>(aqkOut + i * kC + 8 * j + 2 * (lane & 3)) = pack2<T>(vals[0], vals[1]);
+                *reinterpret_cast<uint32_t*>(aqkOut + i * kC + jj) = packed;
             }
+        }
         __syncthreads();
         // (I + L)^-1 by 16x16 blocks: X_aa = (I + L_aa)^-1 by forward substitution (one column per
         // thread, fp32), then warp b builds column block b downwards on tensor cores (tf32 operands, fp32
@@ -314,14 +334,23 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
             }
         }
         __syncthreads();
-        // Tm' = X diag(beta) (zero above the block diagonal), and the per-token scalars
-        for (int idx = tid; idx < kC * kC / 2; idx += 128)
+        // Tm' = X diag(beta) (zero above the block diagonal: those blocks of X are never written), 8
+        // columns per 16-byte store, and the per-token scalars
+#pragma unroll
+        for (int it = 0; it < kC * kC / 8 / 128; ++it)
         {
-            int const i = idx / (kC / 2), c2 = 2 * (idx % (kC / 2));
-            bool const lo = (c2 >> 4) <= (i >> 4);
-            float const v0 = lo ? sm.u.inv.X[i][c2] * sm.beta[c2] : 0.f;
-            float const v1 = lo ? sm.u.inv.X[i][c2 + 1] * sm.beta[c2 + 1] : 0.f;
-            *reinterpret_cast<uint32_t*>(tmOut + i * kC + c2) = pack2<T>(v0, v1);
+            int const idx = tid + 128 * it, i = idx >> 3, c8 = 8 * (idx & 7);
+            uint4 out = make_uint4(0u, 0u, 0u, 0u);
+            if ((c8 >> 4) <= (i >> 4))
+            {
+                float4 const x0 = *reinterpret_cast<float4 const*>(&sm.u.inv.X[i][c8]);
+                float4 const x1 = *reinterpret_cast<float4 const*>(&sm.u.inv.X[i][c8 + 4]);
+                float4 const b0 = *reinterpret_cast<float4 const*>(&sm.beta[c8]);
+                float4 const b1 = *reinterpret_cast<float4 const*>(&sm.beta[c8 + 4]);
+                out = make_uint4(pack2<T>(x0.x * b0.x, x0.y * b0.y), pack2<T>(x0.z * b0.z, x0.w * b0.w),
+                    pack2<T>(x1.x * b1.x, x1.y * b1.y), pack2<T>(x1.z * b1.z, x1.w * b1.w));
+            }
+            *reinterpret_cast<uint4*>(tmOut + i * kC + c8) = out;
         }
         if (tid < kC)
         {
@@ -399,6 +428,10 @@ __global__ void __launch_bounds__(128, 3) gdnPrefillPrepKernel(GdnPrefillParams 
         int const c = prepItem<T, K>(p, ws, sm, id, hk);
         if (beside && c >= 0)
         {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            // the scan reads the slot with bulk copies (async proxy)
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+#endif
             __syncthreads();  // every thread's workspace stores precede the release
             if (threadIdx.x == 0)
                 addRelease(readyCounter(ws, p, hk, id - c % kReadyBlock), 1);

@@ -6,21 +6,28 @@
 // fp32 accumulators and B operands read by descriptor from 128B-swizzled tiles (gdnPrefillWgmma.cuh),
 // issued in this order (commit groups separated by |):
 //   P^T  = S^T k^T              m64n64k16  x K/16   (B = k, K-major)          | then
-//   O1^T = S^T q^T              m64n64k16  x K/16   (B = q, K-major)          | next chunk's cp.async
+//   O1^T = S^T q^T              m64n64k16  x K/16   (B = q, K-major)          | the loads of chunk c+2
 //   X = v - e^G rk P; delta^T = X^T Tm'^T           m64n64k16 x 4             | O1 *= e^G qs
 //   S^T  = e^{G_C} S^T + D^T k  m64n{K}k16 x 4      (B = k, MN-major)
 //   O^T += delta^T Aqk^T        m64n64k16  x 4                                | o store
 // with D = delta e^{G_C - G} rk. One product's accumulators become the next one's A registers (same
-// fragment layout as mma.sync). The next chunk's tiles stream into the other stage by cp.async while
-// this one runs; each thread fences the async proxy after its copies land, then one barrier per chunk.
+// fragment layout as mma.sync). Tiles: 3 shared-memory stages, chunk c + 2 streaming in while c runs. A
+// full chunk comes by bulk tensor copies (TMA: thread 0 issues 8 box copies and one 1 KB bulk copy, all
+// completing on the stage's mbarrier; the tensor maps write the 128B swizzle themselves); the last,
+// partial chunk of a sequence (rows past its end must read as zero) and launches without tensor maps
+// use cp.async from every thread. ncu put 32% of the scan's stall samples on issuing those cp.async
+// (their source registers held until the copy engine took them); the bulk copies removed that.
 // Measured and dropped (benchmarks/notes_prefill.md): a second warpgroup for the O products, a
 // loader warp for the copies (2 or 3 stages), m64n48/32/16 products that skip the zero blocks of the
-// triangular Tm' and Aqk (ptxas then serialises every wgmma).
+// triangular Tm' and Aqk (ptxas then serialises every wgmma), o stores moved into the next chunk's
+// P shadow (no gain).
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
 
 #include "gdnPrefillChunked.cuh"
 #include "gdnPrefillWgmma.cuh"
+
+#include <cuda.h>  // CUtensorMap (the type only: the maps are encoded by gdnPrefill.cu)
 
 namespace gdn
 {
@@ -29,21 +36,34 @@ namespace prefill_chunked
 
 using namespace prefill_wgmma;
 
-template <typename T, int K>
+// Tensor maps of the scan's tiles (gdnPrefill.cu encodes them per launch; use = 0: none, every stage
+// by cp.async). 16-bit elements, 128-byte swizzle, boxes of 64 columns x 64 rows:
+//   q, k: [T][Hk][K] box (64, 1, 64) ; v: [T][Hv][V] box (64, 1, 64) ; tm, aqk: [slot][64][64] box (64, 64, 1)
+struct ScanTmaMaps
+{
+    CUtensorMap q, k, v, tm, aqk;
+    int use;
+};
+
+constexpr int kWgStages = 3;  // shared-memory stages: chunk c + 2 streams in while chunk c runs
+
+template <typename T, int K, int NS = kWgStages>
 struct WgScanSmem
 {
-    static constexpr int VT = 64, VS = VT + 8, OS = 16 + 8;
+    static constexpr int VT = 64, OS = 16 + 8;
     struct Stage
     {
         T k[kC * K];  // swizzled tiles (swzOffset<64>), 1 KB aligned
         T q[kC * K];
         T tm[kC * kC];
         T aqk[kC * kC];
-        T v[kC][VS];  // row-major, padded
+        T v[kC * VT];
         float gq[kC][4];
     };
-    Stage st[2];
+    static constexpr uint32_t kTmaBytes = uint32_t(sizeof(Stage));  // a full stage: every byte by bulk copy
+    Stage st[NS];
     T out[4][kC][OS];
+    uint64_t bar[NS];  // per stage: completes when its bulk copies have landed
 };
 
 // Rows [0, len) of a [64][C] 16-bit row-major global tile (row stride gStride) into a swizzled tile
@@ -73,28 +93,55 @@ __device__ __forceinline__ void issueSwzTile(uint32_t dst, uint16_t const* g, in
     }
 }
 
+// The tiles of chunk (slot, t0, len) into the stage at stAddr. A full chunk with tensor maps: thread 0
+// issues bulk tensor copies completing on `bar` (returns true: wait on the barrier); else every thread
+// issues cp.async with rows >= len zero-filled (the last chunk of a sequence; wait with cp.async).
 template <typename T, int K>
-__device__ __forceinline__ void wgIssueStage(uint32_t stAddr, GdnPrefillParams const& p, ChunkWs const& ws,
-    int64_t slot, int t0, int len, int h, int hk, int vbase)
+__device__ __forceinline__ bool wgIssueStage(uint32_t stAddr, uint32_t bar, ScanTmaMaps const& maps,
+    GdnPrefillParams const& p, ChunkWs const& ws, int64_t slot, int t0, int len, int h, int hk, int vbase)
 {
     using SM = WgScanSmem<T, K>;
     using St = typename SM::Stage;
+    if (maps.use && len == kC)
+    {
+        if (threadIdx.x == 0)
+        {
+            mbarArriveExpectTx(bar, SM::kTmaBytes);
+#pragma unroll
+            for (int cb = 0; cb < K / 64; ++cb)
+            {
+                tmaLoad3d(stAddr + offsetof(St, k) + cb * (kC * 128), &maps.k, 64 * cb, hk, t0, bar);
+                tmaLoad3d(stAddr + offsetof(St, q) + cb * (kC * 128), &maps.q, 64 * cb, hk, t0, bar);
+            }
+            tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), bar);
+            tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), bar);
+            tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, bar);
+            bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), bar);
+        }
+        return true;
+    }
     int64_t const qkRow = (int64_t)p.Hk * K;
     int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K;
+    int64_t const v0 = ((int64_t)t0 * p.Hv + h) * p.V + vbase;
     if (len == kC)
     {
         issueSwzTile<K, true>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
         issueSwzTile<K, true>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
+        issueSwzTile<SM::VT, true>(stAddr + offsetof(St, v), static_cast<uint16_t const*>(p.v) + v0,
+            (int64_t)p.Hv * p.V, len);
     }
     else
     {
         issueSwzTile<K, false>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
         issueSwzTile<K, false>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
+        issueSwzTile<SM::VT, false>(stAddr + offsetof(St, v), static_cast<uint16_t const*>(p.v) + v0,
+            (int64_t)p.Hv * p.V, len);
     }
     issueSwzTile<kC, true>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC, kC);
     issueSwzTile<kC, true>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
-    issueVAndFactors<SM::VT, SM::VS, 128>(stAddr + offsetof(St, v), stAddr + offsetof(St, gq), p, ws, slot, t0, len,
-        h, vbase);
+    if (threadIdx.x < kC)
+        cpAsync16(stAddr + offsetof(St, gq) + 16u * threadIdx.x, ws.gq + slot * (4 * kC) + 4 * threadIdx.x, 16);
+    return false;
 }
 
 // acc (64 x 64) (+)= A (64 x 64, four k16 register fragments) * B, B[k][n] = tile[n][k] from the
@@ -116,8 +163,9 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t r)
 
 // X = v - e^G rk P with the warp's v columns read by ldmatrix.trans straight into the accumulator
 // layout (matrix m of an x4: n8 blocks j + m/2, column half m%2); vLane: this lane's row address
-// of the first x4 (row (lane & 7) + 8 (lane >> 4), column 8 ((lane >> 3) & 1) of the warp's 16).
-template <typename T, int VS>
+// of the first x4 (row (lane & 7) + 8 (lane >> 4), column 8 ((lane >> 3) & 1) of the warp's 16) in
+// the swizzled v tile (rows 16 apart: 2 KB apart, same swizzle).
+template <typename T>
 __device__ __forceinline__ void applyXld(float (&pa)[8][4], float const (&gq)[kC][4], uint32_t vLane, int lane)
 {
     int const qd = lane & 3;
@@ -125,7 +173,7 @@ __device__ __forceinline__ void applyXld(float (&pa)[8][4], float const (&gq)[kC
     for (int jp = 0; jp < 4; ++jp)
     {
         uint32_t r[4];
-        ldsmX4T(r, vLane + 2u * (16 * jp * VS));
+        ldsmX4T(r, vLane + 2048u * jp);
 #pragma unroll
         for (int m = 0; m < 4; ++m)
         {
@@ -145,11 +193,12 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
         Wgmma<T, 64, 0>::run(acc, a[kk], descKMajor<kC>(tile, kk), (accumulate || kk) ? 1 : 0);
 }
 
-template <typename T, int K>
-__global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParams const p, ChunkWs const ws)
+template <typename T, int K, int NS = kWgStages>
+__global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
+    GdnPrefillParams const p, ChunkWs const ws, __grid_constant__ ScanTmaMaps const maps)
 {
 #if GDN_WGMMA
-    using SM = WgScanSmem<T, K>;
+    using SM = WgScanSmem<T, K, NS>;
     using St = typename SM::Stage;
     constexpr int NKT = K / 8, KS16 = K / 16;
     extern __shared__ __align__(1024) unsigned char smemRaw[];
@@ -180,30 +229,56 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParam
             int const want = min(kReadyBlock, nch - cb);
             while (loadAcquire(ready + cb) < want)
                 __nanosleep(64);
+            fenceProxyAsyncGlobal();  // the prep's stores, read next by this thread's bulk copies
         }
     };
-    if (nch > 0)
+    uint32_t const bar0 = smemAddr(&sm.bar[0]);
+    if (threadIdx.x == 0)
     {
-        if (ready != nullptr)
-        {
-            waitBlock(0);
-            __syncthreads();
-        }
-        wgIssueStage<T, K>(st0, p, ws, (int64_t)id0 * Hv + h, bos, min(kC, L), h, hk, vbase);
+#pragma unroll
+        for (int i = 0; i < NS; ++i)
+            mbarInit(bar0 + 8u * i, 1);
     }
-    cpAsyncCommit();
+    if (nch > 0 && ready != nullptr)
+        waitBlock(0);
+    __syncthreads();
+    // Chunk c lives in stage c % NS. Chunks c + 1 .. c + NS - 1 are in flight while c runs; one cp.async
+    // group is committed per issued chunk (empty for bulk copies). A stage that came by bulk copy is
+    // waited on its barrier (phase bit per stage), one by cp.async with wait_group.
+    auto byTma = [&](int c) { return maps.use && L - c * kC >= kC; };
+    auto issue = [&](int c)
+    {
+        if (c < nch)
+        {
+            int const si = c % NS;
+            wgIssueStage<T, K>(st0 + si * uint32_t(sizeof(St)), bar0 + 8u * si, maps, p, ws,
+                (int64_t)(id0 + c) * Hv + h, bos + c * kC, min(kC, L - c * kC), h, hk, vbase);
+        }
+        cpAsyncCommit();
+    };
+    uint32_t phases = 0;
+#pragma unroll
+    for (int c = 0; c < NS - 1; ++c)
+        issue(c);
 
-    uint32_t const vLane = smemAddr(&sm.st[0].v[(lane & 7) + 8 * (lane >> 4)][16 * warp + 8 * ((lane >> 3) & 1)]);
+    int const vr = (lane & 7) + 8 * (lane >> 4), vc = 16 * warp + 8 * ((lane >> 3) & 1);
+    uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + swzOffset<kC>(vr, vc);
     for (int c = 0; c < nch; ++c)
     {
-        if (ready != nullptr && c + 1 < nch && (c + 1) % kReadyBlock == 0)
-            waitBlock(c + 1);  // the next stage (issued below) starts a block
-        cpAsyncWaitAll();
+        int const si = c % NS;
+        if (ready != nullptr && c + NS - 1 < nch && (c + NS - 1) % kReadyBlock == 0)
+            waitBlock(c + NS - 1);  // the stage issued below starts a block
+        cpAsyncWaitGroup<NS - 2>();
+        if (byTma(c))
+        {
+            mbarWait(bar0 + 8u * si, (phases >> si) & 1u);
+            phases ^= 1u << si;
+        }
         fenceProxyAsync();
         __syncthreads();
-        auto const& st = sm.st[c & 1];
+        auto const& st = sm.st[si];
         int const len = min(kC, L - c * kC);
-        uint32_t const sb = st0 + (c & 1) * uint32_t(sizeof(St));
+        uint32_t const sb = st0 + si * uint32_t(sizeof(St));
         uint32_t const aK = sb + offsetof(St, k), aQ = sb + offsetof(St, q);
 
         // P^T = S^T k^T and O1^T = S^T q^T (P is on the recurrence: its own commit group)
@@ -226,16 +301,13 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParam
         for (int kk = 0; kk < KS16; ++kk)
             Wgmma<T, 64, 0>::run(oa, sa[kk], descKMajor<kC>(aQ, kk), kk > 0);
         wgCommit();
-        // in the shadow of P and O1: the next chunk's loads
-        if (c + 1 < nch)
-            wgIssueStage<T, K>(st0 + ((c + 1) & 1) * uint32_t(sizeof(St)), p, ws, (int64_t)(id0 + c + 1) * Hv + h,
-                bos + (c + 1) * kC, min(kC, L - (c + 1) * kC), h, hk, vbase);
-        cpAsyncCommit();
+        // in the shadow of P and O1: the loads of chunk c + NS - 1
+        issue(c + NS - 1);
         wgWait<1>();
         fenceAcc(pa);
 
         // X = v - e^G rk P ; delta^T = X^T Tm'^T
-        applyXld<T, SM::VS>(pa, st.gq, vLane + (c & 1) * uint32_t(sizeof(St)), lane);
+        applyXld<T>(pa, st.gq, vLane + si * uint32_t(sizeof(St)), lane);
         uint32_t xa[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -289,7 +361,7 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(GdnPrefillParam
     // after this kernel in the stream also follows the prep kernel)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #else
-    (void)p, (void)ws;
+    (void)p, (void)ws, (void)maps;
     __trap();  // launched only where the sm_90a build runs (gdnPrefillWgmmaAvailable)
 #endif
 }

@@ -47,17 +47,19 @@ __device__ __forceinline__ uint64_t makeDesc(uint32_t addr, uint32_t lbo, uint32
     return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t((lbo >> 4) & 0x3FFF) << 16)
         | (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
-// K-major B, k16 step kk, of a swizzled [R][*] tile at `tile`
+// K-major B, k16 step kk, of a swizzled [R][*] tile at `tile`. The step offset is added to the
+// descriptor's address field (addr >> 4, 14 bits: shared addresses stay below 256 KB, no carry), so
+// the descriptor of the tile is built once and each step costs one add.
 template <int R>
 __device__ __forceinline__ uint64_t descKMajor(uint32_t tile, int kk)
 {
-    return makeDesc(tile + (kk >> 2) * (R / 8) * 1024 + (kk & 3) * 32, 16, 1024);
+    return makeDesc(tile, 16, 1024) + uint64_t(((kk >> 2) * (R / 8) * 1024 + (kk & 3) * 32) >> 4);
 }
 // MN-major B (rows are K), k16 step kk, of a swizzled [R][*] tile at `tile`
 template <int R>
 __device__ __forceinline__ uint64_t descMNMajor(uint32_t tile, int kk)
 {
-    return makeDesc(tile + kk * 2048, R * 128, 1024);
+    return makeDesc(tile, R * 128, 1024) + uint64_t(kk * (2048 >> 4));
 }
 
 __device__ __forceinline__ void wgFence()
@@ -86,6 +88,58 @@ __device__ __forceinline__ void fenceProxyAsync()
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// Bulk copies (the tensor copy engine, TMA) completing on a shared-memory mbarrier.
+__device__ __forceinline__ void mbarInit(uint32_t bar, int count)
+{
+#if GDN_WGMMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Thread-level: this thread's arrival, expecting `bytes` more from the copies that complete on `bar`.
+__device__ __forceinline__ void mbarArriveExpectTx(uint32_t bar, uint32_t bytes)
+{
+#if GDN_WGMMA
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity)
+{
+#if GDN_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+#endif
+}
+// Box at coordinates (c0, c1, c2) of the 3-D tensor map `map` (a __grid_constant__ parameter's address).
+__device__ __forceinline__ void tmaLoad3d(uint32_t dst, void const* map, int c0, int c1, int c2, uint32_t bar)
+{
+#if GDN_WGMMA
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+#endif
+}
+// `bytes` (a multiple of 16) contiguous bytes from src (16 B aligned).
+__device__ __forceinline__ void bulkLoad(uint32_t dst, void const* src, uint32_t bytes, uint32_t bar)
+{
+#if GDN_WGMMA
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+#endif
+}
+// Global memory written by the generic proxy (another CTA's stores, seen through an acquire) and read
+// next by this thread's bulk copies.
+__device__ __forceinline__ void fenceProxyAsyncGlobal()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
 template <int NT>
 __device__ __forceinline__ void fenceAcc(float (&d)[NT][4])

@@ -112,9 +112,10 @@ def test_prefill_vs_fp64(kernels, gen, case):
 
 def _scan_variants(kernels, K):
     """Scan kernels to check for 16-bit I/O: mma.sync with 2 and 4 warps, plus wgmma where it runs, after
-    the prep kernel (1) and beside it (3: persistent prep grid, ready counters, programmatic dependent launch)."""
+    the prep kernel (1) and beside it (3: persistent prep grid, ready counters, programmatic dependent launch),
+    both loading by bulk tensor copies, and 5 (= 1 with the cp.async loads used where no tensor map encodes)."""
     usable = getattr(kernels.LIB, "gdnPrefillWgmmaUsableC", None)
-    return (1, 3, 2, 4) if usable is not None and usable(int(K)) else (2, 4)
+    return (1, 3, 5, 2, 4) if usable is not None and usable(int(K)) else (2, 4)
 
 
 @pytest.mark.gpu
