@@ -169,6 +169,12 @@ size_t alignUp(size_t x)
     return (x + 255) & ~size_t(255);
 }
 
+// Workspace slots: one per (chunk id, value head); chunk ids < T/64 + N
+size_t wsSlots(GdnPrefillParams const& p)
+{
+    return (size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hv);
+}
+
 struct WsLayout
 {
     size_t aqk = 0, tm = 0, gq = 0, ctl = 0, total = 0;
@@ -179,7 +185,7 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     WsLayout w;
     if (p.ioType == DType::kFloat32)
         return w;  // the fp32 path needs no scratch
-    size_t const slots = (size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hv);
+    size_t const slots = wsSlots(p);
     size_t const mat = alignUp(slots * kC * kC * 2);
     w.aqk = 0;
     w.tm = mat;
@@ -202,6 +208,11 @@ bool isHeadDim(int d)
 constexpr int kScanWgmma = 1;
 constexpr int kScanWgmmaBeside = 3;
 constexpr int kNoTma = 4;
+
+bool isWgmmaVariant(int nw)
+{
+    return nw == kScanWgmma || nw == kScanWgmmaBeside || nw == kScanWgmma + kNoTma || nw == kScanWgmmaBeside + kNoTma;
+}
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
 
@@ -250,8 +261,8 @@ bool encodeMap16(CUtensorMap* m, void const* base, uint64_t d0, uint64_t d1, uin
 prefill_chunked::ScanTmaMaps scanTmaMaps(GdnPrefillParams const& p, ChunkWs const& ws, int K)
 {
     prefill_chunked::ScanTmaMaps m{};
-    int64_t const slots = (int64_t(p.T) / kC + p.N) * p.Hv;
-    if (p.T <= 0 || slots > 0x7fffffffLL)
+    size_t const slots = wsSlots(p);
+    if (p.T <= 0 || slots > 0x7fffffffu)  // (the slot is a 32-bit box coordinate)
         return m;
     uint64_t const T = uint64_t(p.T);
     m.use = encodeMap16(&m.q, p.q, K, p.Hk, T, K, uint64_t(p.Hk) * K, 64, 1, kC)
@@ -288,7 +299,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     if (items > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
     bool const tma = nw == kScanWgmma || nw == kScanWgmmaBeside;
-    if (nw == kScanWgmma + kNoTma || nw == kScanWgmmaBeside + kNoTma)
+    if (isWgmmaVariant(nw) && !tma)
         nw -= kNoTma;
     bool const beside = nw == kScanWgmmaBeside && K <= 128;  // (K = 256 runs the mma.sync scan after the prep)
     if (beside)
@@ -436,11 +447,9 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
     char* base = static_cast<char*>(p.workspace);
     ChunkWs const ws{
         base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0};
-    bool const wg = nw == kScanWgmma || nw == kScanWgmmaBeside || nw == kScanWgmma + kNoTma
-        || nw == kScanWgmmaBeside + kNoTma;
-    if (wg && !wgmmaUsable())
+    if (isWgmmaVariant(nw) && !wgmmaUsable())
         return cudaErrorNotSupported;  // (K = 256 with a wgmma variant runs the 4-warp mma.sync scan)
-    if (nw != 2 && nw != 4 && !wg)
+    if (nw != 2 && nw != 4 && !isWgmmaVariant(nw))
         nw = pickScanVariant(p);
     return dispatchK(p, ws, nw, stream);
 }

@@ -428,10 +428,7 @@ __global__ void __launch_bounds__(128, 3) gdnPrefillPrepKernel(GdnPrefillParams 
         int const c = prepItem<T, K>(p, ws, sm, id, hk);
         if (beside && c >= 0)
         {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            // the scan reads the slot with bulk copies (async proxy)
-            asm volatile("fence.proxy.async.global;" ::: "memory");
-#endif
+            fenceProxyAsyncGlobal();  // the scan reads the slot with bulk copies (async proxy)
             __syncthreads();  // every thread's workspace stores precede the release
             if (threadIdx.x == 0)
                 addRelease(readyCounter(ws, p, hk, id - c % kReadyBlock), 1);
@@ -633,17 +630,12 @@ __device__ __forceinline__ void issueTile(uint32_t dst, int sStride, uint16_t co
     }
 }
 
-// The chunk's v columns [vbase, vbase + VT) (row-major, row stride VS) and its workspace gq slot
-// (the per-token factors), by NT threads: the parts both scans stage the same way.
-template <int VT, int VS, int NT>
-__device__ __forceinline__ void issueVAndFactors(uint32_t vDst, uint32_t gqDst, GdnPrefillParams const& p,
-    ChunkWs const& ws, int64_t slot, int t0, int len, int h, int vbase)
+// The chunk's workspace gq slot (the per-token factors, 1 KB) by cp.async from the first 64 threads:
+// staged the same way by both scans.
+__device__ __forceinline__ void issueFactors(uint32_t gqDst, ChunkWs const& ws, int64_t slot)
 {
-    issueTile<VT / 8, NT>(vDst, VS, static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase,
-        (int64_t)p.Hv * p.V, len);
-    float const* gq = ws.gq + slot * (4 * kC);
     if (threadIdx.x < kC)
-        cpAsync16(gqDst + 16u * threadIdx.x, gq + 4 * threadIdx.x, 16);
+        cpAsync16(gqDst + 16u * threadIdx.x, ws.gq + slot * (4 * kC) + 4 * threadIdx.x, 16);
 }
 
 template <typename T, int K, int NW>
@@ -661,8 +653,9 @@ __device__ __forceinline__ void scanIssueStage(uint32_t stAddr, GdnPrefillParams
         kC, kC);
     issueTile<kC / 8, NT>(stAddr + offsetof(St, aqk), SM::CS,
         static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
-    issueVAndFactors<SM::VT, SM::VS, NT>(stAddr + offsetof(St, v), stAddr + offsetof(St, gq), p, ws, slot, t0, len, h,
-        vbase);
+    issueTile<SM::VT / 8, NT>(stAddr + offsetof(St, v), SM::VS,
+        static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase, (int64_t)p.Hv * p.V, len);
+    issueFactors(stAddr + offsetof(St, gq), ws, slot);
 }
 
 template <typename T, int K, int NW>

@@ -41,6 +41,15 @@ __device__ __forceinline__ void cpAsyncWaitAll()
 {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+// Orders this thread's global accesses through the generic proxy with bulk copies (async proxy) of the
+// same memory: after its stores that another CTA's bulk copies read (prep), or after the acquire that
+// made another CTA's stores visible, before its own bulk copies read them (wgmma scan). sm_90 only.
+__device__ __forceinline__ void fenceProxyAsyncGlobal()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
 // all but the newest N committed groups have landed
 template <int N>
 __device__ __forceinline__ void cpAsyncWaitGroup()

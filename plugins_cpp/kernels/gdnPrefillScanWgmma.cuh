@@ -28,6 +28,7 @@
 #include "gdnPrefillWgmma.cuh"
 
 #include <cuda.h>  // CUtensorMap (the type only: the maps are encoded by gdnPrefill.cu)
+#include <type_traits>
 
 namespace gdn
 {
@@ -93,16 +94,16 @@ __device__ __forceinline__ void issueSwzTile(uint32_t dst, uint16_t const* g, in
     }
 }
 
-// The tiles of chunk (slot, t0, len) into the stage at stAddr. A full chunk with tensor maps: thread 0
-// issues bulk tensor copies completing on `bar` (returns true: wait on the barrier); else every thread
-// issues cp.async with rows >= len zero-filled (the last chunk of a sequence; wait with cp.async).
+// The tiles of chunk (slot, t0, len) into the stage at stAddr. tma (a full chunk, tensor maps encoded):
+// thread 0 issues bulk tensor copies completing on `bar`; else every thread issues cp.async with rows
+// >= len zero-filled (the last chunk of a sequence, or no maps).
 template <typename T, int K>
-__device__ __forceinline__ bool wgIssueStage(uint32_t stAddr, uint32_t bar, ScanTmaMaps const& maps,
+__device__ __forceinline__ void wgIssueStage(uint32_t stAddr, uint32_t bar, bool tma, ScanTmaMaps const& maps,
     GdnPrefillParams const& p, ChunkWs const& ws, int64_t slot, int t0, int len, int h, int hk, int vbase)
 {
     using SM = WgScanSmem<T, K>;
     using St = typename SM::Stage;
-    if (maps.use && len == kC)
+    if (tma)
     {
         if (threadIdx.x == 0)
         {
@@ -118,30 +119,26 @@ __device__ __forceinline__ bool wgIssueStage(uint32_t stAddr, uint32_t bar, Scan
             tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, bar);
             bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), bar);
         }
-        return true;
+        return;
     }
     int64_t const qkRow = (int64_t)p.Hk * K;
     int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K;
     int64_t const v0 = ((int64_t)t0 * p.Hv + h) * p.V + vbase;
+    auto rows = [&](auto full)  // the token-row tiles: unpredicated for a full chunk
+    {
+        constexpr bool FULL = decltype(full)::value;
+        issueSwzTile<K, FULL>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
+        issueSwzTile<K, FULL>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
+        issueSwzTile<SM::VT, FULL>(stAddr + offsetof(St, v), static_cast<uint16_t const*>(p.v) + v0,
+            (int64_t)p.Hv * p.V, len);
+    };
     if (len == kC)
-    {
-        issueSwzTile<K, true>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
-        issueSwzTile<K, true>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
-        issueSwzTile<SM::VT, true>(stAddr + offsetof(St, v), static_cast<uint16_t const*>(p.v) + v0,
-            (int64_t)p.Hv * p.V, len);
-    }
+        rows(std::true_type{});
     else
-    {
-        issueSwzTile<K, false>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
-        issueSwzTile<K, false>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
-        issueSwzTile<SM::VT, false>(stAddr + offsetof(St, v), static_cast<uint16_t const*>(p.v) + v0,
-            (int64_t)p.Hv * p.V, len);
-    }
+        rows(std::false_type{});
     issueSwzTile<kC, true>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC, kC);
     issueSwzTile<kC, true>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
-    if (threadIdx.x < kC)
-        cpAsync16(stAddr + offsetof(St, gq) + 16u * threadIdx.x, ws.gq + slot * (4 * kC) + 4 * threadIdx.x, 16);
-    return false;
+    issueFactors(stAddr + offsetof(St, gq), ws, slot);
 }
 
 // acc (64 x 64) (+)= A (64 x 64, four k16 register fragments) * B, B[k][n] = tile[n][k] from the
@@ -243,15 +240,15 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
         waitBlock(0);
     __syncthreads();
     // Chunk c lives in stage c % NS. Chunks c + 1 .. c + NS - 1 are in flight while c runs; one cp.async
-    // group is committed per issued chunk (empty for bulk copies). A stage that came by bulk copy is
-    // waited on its barrier (phase bit per stage), one by cp.async with wait_group.
+    // group is committed per issued chunk (empty for bulk copies). A stage that came by bulk copy (a full
+    // chunk with tensor maps) is waited on its barrier (phase bit per stage), one by cp.async with wait_group.
     auto byTma = [&](int c) { return maps.use && L - c * kC >= kC; };
     auto issue = [&](int c)
     {
         if (c < nch)
         {
             int const si = c % NS;
-            wgIssueStage<T, K>(st0 + si * uint32_t(sizeof(St)), bar0 + 8u * si, maps, p, ws,
+            wgIssueStage<T, K>(st0 + si * uint32_t(sizeof(St)), bar0 + 8u * si, byTma(c), maps, p, ws,
                 (int64_t)(id0 + c) * Hv + h, bos + c * kC, min(kC, L - c * kC), h, hk, vbase);
         }
         cpAsyncCommit();

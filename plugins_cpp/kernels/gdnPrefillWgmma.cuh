@@ -131,15 +131,6 @@ __device__ __forceinline__ void bulkLoad(uint32_t dst, void const* src, uint32_t
         : "memory");
 #endif
 }
-// Global memory written by the generic proxy (another CTA's stores, seen through an acquire) and read
-// next by this thread's bulk copies.
-__device__ __forceinline__ void fenceProxyAsyncGlobal()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-#endif
-}
-
 // Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
 template <int NT>
 __device__ __forceinline__ void fenceAcc(float (&d)[NT][4])
