@@ -190,3 +190,29 @@ def test_load_hf_folder_safetensors_only(tmp_path, gen):
         load_hf_folder(pk)
     with pytest.raises(ValueError, match="config.json is missing"):
         load_hf_folder(tmp_path)
+
+
+def test_load_hf_folder_sharded(tmp_path, gen):
+    """A sharded checkpoint (model.safetensors.index.json + several shards) loads every linear_attention
+    layer from whichever shard holds it; a shard named in the index but absent is reported by name."""
+    types = ("linear_attention", "full_attention", "linear_attention", "linear_attention")
+    cfg = hf_config("qwen3_next", types)
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    model = transformers.Qwen3NextForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True, max_shard_size="40KB")
+    index = json.loads((tmp_path / "m" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    gdn_shards = {f for k, f in index["weight_map"].items() if ".linear_attn." in k}
+    assert len(gdn_shards) >= 2, f"fixture must spread the GDN layers over shards, got {shards}"
+    blocks = load_hf_folder(tmp_path / "m")
+    assert [i for i, _ in blocks] == [0, 2, 3]
+    x = torch.randn(1, 7, 32, generator=gen)
+    for i, blk in blocks:
+        with torch.no_grad():
+            ref = model.model.layers[i].linear_attn(x)
+            ours, _, _ = blk.prefill(x[0], torch.tensor([0, 7], dtype=torch.int32))
+        assert rel_err(ours, ref[0]) < 1e-5, f"layer {i}"
+    gone = sorted(gdn_shards)[-1]
+    (tmp_path / "m" / gone).unlink()
+    with pytest.raises(ValueError, match=gone.replace(".", r"\.")):
+        load_hf_folder(tmp_path / "m")
