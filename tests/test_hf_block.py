@@ -6,6 +6,7 @@ fallbacks (no flash-linear-attention / causal-conv1d installed), which is the be
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -44,6 +45,16 @@ def hf_block(kind: str, gen: torch.Generator):
             p.copy_(0.3 * torch.randn(p.shape, generator=gen))
         m.A_log.copy_(torch.empty(m.A_log.shape).uniform_(-1, 1.5, generator=gen))
     return cfg, m
+
+
+def assert_layers_match_hf(model, blocks, x):
+    """Each (layer index, GDNBlock) against that layer's HF linear_attn on the one sequence x [1, T, hidden]."""
+    cu = torch.tensor([0, x.shape[1]], dtype=torch.int32)
+    for i, blk in blocks:
+        with torch.no_grad():
+            ref = model.model.layers[i].linear_attn(x)
+            ours, _, _ = blk.prefill(x[0], cu)
+        assert rel_err(ours, ref[0]) < 1e-5, f"layer {i}"
 
 
 def _cu(lens):
@@ -136,12 +147,7 @@ def test_blocks_from_full_model_state_dict(kind, gen):
     sd = model.state_dict()
     blocks = blocks_from_hf_state_dict(cfg.to_dict(), sd)
     assert [i for i, _ in blocks] == [0, 2]
-    x = torch.randn(1, 5, 32, generator=gen)
-    for i, blk in blocks:
-        with torch.no_grad():
-            ref = model.model.layers[i].linear_attn(x)
-            ours, _, _ = blk.prefill(x[0], torch.tensor([0, 5], dtype=torch.int32))
-        assert rel_err(ours, ref[0]) < 1e-5
+    assert_layers_match_hf(model, blocks, torch.randn(1, 5, 32, generator=gen))
     # a linear_attention layer without weights, and a shape mismatch, are named in the error
     broken = {k: v for k, v in sd.items() if not k.startswith("model.layers.2.linear_attn.")}
     with pytest.raises(ValueError, match=r"linear_attention layer\(s\) \[2\]"):
@@ -176,11 +182,7 @@ def test_load_hf_folder_safetensors_only(tmp_path, gen):
     model.save_pretrained(tmp_path / "m", safe_serialization=True)
     blocks = load_hf_folder(tmp_path / "m")
     assert [i for i, _ in blocks] == [0]
-    x = torch.randn(1, 6, 32, generator=gen)
-    with torch.no_grad():
-        ref = model.model.layers[0].linear_attn(x)
-        ours, _, _ = blocks[0][1].prefill(x[0], torch.tensor([0, 6], dtype=torch.int32))
-    assert rel_err(ours, ref[0]) < 1e-5
+    assert_layers_match_hf(model, blocks, torch.randn(1, 6, 32, generator=gen))
     # pickle weights are never read
     pk = tmp_path / "pickled"
     pk.mkdir()
@@ -206,13 +208,8 @@ def test_load_hf_folder_sharded(tmp_path, gen):
     assert len(gdn_shards) >= 2, f"fixture must spread the GDN layers over shards, got {shards}"
     blocks = load_hf_folder(tmp_path / "m")
     assert [i for i, _ in blocks] == [0, 2, 3]
-    x = torch.randn(1, 7, 32, generator=gen)
-    for i, blk in blocks:
-        with torch.no_grad():
-            ref = model.model.layers[i].linear_attn(x)
-            ours, _, _ = blk.prefill(x[0], torch.tensor([0, 7], dtype=torch.int32))
-        assert rel_err(ours, ref[0]) < 1e-5, f"layer {i}"
+    assert_layers_match_hf(model, blocks, torch.randn(1, 7, 32, generator=gen))
     gone = sorted(gdn_shards)[-1]
     (tmp_path / "m" / gone).unlink()
-    with pytest.raises(ValueError, match=gone.replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(gone)):
         load_hf_folder(tmp_path / "m")
