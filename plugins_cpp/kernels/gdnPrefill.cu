@@ -328,9 +328,10 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         kern<<<unsigned(grid), 128, smem, stream>>>(p, ws, int(items));  // chunk-major (chunk, key head) items
         GDN_CUDA_TRY(cudaGetLastError());
     }
-    // one warp per 16 value columns; beside: launched as the programmatic dependent of the prep kernel
-    // (as soon as every prep CTA has started; it waits on the ready counters, not on the grid)
-    auto scan = [&](auto kern, int smem, int vt, auto const&... extra) -> cudaError_t
+    // one math warp per 16 value columns (the wgmma scan adds a producer warp); beside: launched as the
+    // programmatic dependent of the prep kernel (as soon as every prep CTA has started; it waits on the
+    // ready counters, not on the grid)
+    auto scan = [&](auto kern, int smem, int vt, int threads, auto const&... extra) -> cudaError_t
     {
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         cudaLaunchAttribute attr[1];
@@ -338,7 +339,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(p.N, p.Hv, p.V / vt);
-        cfg.blockDim = dim3((vt / 16) * 32);
+        cfg.blockDim = dim3(threads);
         cfg.dynamicSmemBytes = size_t(smem);
         cfg.stream = stream;
         cfg.attrs = attr;
@@ -353,12 +354,12 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
             if (tma)
                 maps = scanTmaMaps(p, ws, K);
             return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
-                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, maps);
+                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, 160, maps);
         }
     }
     if (nw == 2)
-        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32);
-    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>, int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64);
+        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32, 64);
+    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>, int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64, 128);
 }
 
 template <int K>

@@ -551,6 +551,32 @@ __device__ __forceinline__ void applyUpdateScales(float (&da)[8][4], float (&s)[
     scaleState(s, gq[0][3]);
 }
 
+// The warp's staged o tile (token rows of 16 values, row stride OS) -> 16-byte stores of rows < len to og
+// (row stride ld; og 16 B aligned). Entered with the staging writes done by every lane of the warp.
+template <typename T, int OS>
+__device__ __forceinline__ void storeStaged(T (&ob)[kC][OS], T* og, int64_t ld, int len, int lane)
+{
+    __syncwarp();
+    // 16 B per lane: rows lane/2 (+16, +32, +48), half lane%2 of the 32-byte row
+    int const r0 = lane >> 1, half = 8 * (lane & 1);
+    T* dst = og + (int64_t)r0 * ld + half;
+    int64_t const step = 16 * ld;
+    if (len == kC)
+    {
+#pragma unroll
+        for (int it = 0; it < 4; ++it)
+            *reinterpret_cast<uint4*>(dst + it * step) = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]);
+    }
+    else
+    {
+#pragma unroll
+        for (int it = 0; it < 4; ++it)
+            if (r0 + 16 * it < len)
+                *reinterpret_cast<uint4*>(dst + it * step) = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]);
+    }
+    __syncwarp();
+}
+
 // o^T accumulators (16 columns x 64 tokens) -> the warp's staging tile (token rows; sm_90: stmatrix.trans
 // of the packed pairs at row address aOut) -> 16-byte stores of rows < len to og (row stride ld; og 16 B aligned).
 template <typename T, int OS>
@@ -571,25 +597,7 @@ __device__ __forceinline__ void storeOTile(
         for (int e = 0; e < 4; ++e)
             ob[8 * j + 2 * qd + (e & 1)][gr + 8 * (e >> 1)] = fromFloat<T>(oa[j][e]);
 #endif
-    __syncwarp();
-    // 16 B per lane: rows lane/2 (+16, +32, +48), half lane%2 of the 32-byte row
-    int const r0 = lane >> 1, half = 8 * (lane & 1);
-    T* dst = og + (int64_t)r0 * ld + half;
-    int64_t const step = 16 * ld;
-    if (len == kC)
-    {
-#pragma unroll
-        for (int it = 0; it < 4; ++it)
-            *reinterpret_cast<uint4*>(dst + it * step) = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]);
-    }
-    else
-    {
-#pragma unroll
-        for (int it = 0; it < 4; ++it)
-            if (r0 + 16 * it < len)
-                *reinterpret_cast<uint4*>(dst + it * step) = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]);
-    }
-    __syncwarp();
+    storeStaged<T, OS>(ob, og, ld, len, lane);
 }
 
 template <typename T, int K, int NW>

@@ -2,25 +2,30 @@
 //
 // Same math, workspace and grid as gdnPrefillScanKernel<T, K, 4> (gdnPrefillChunked.cuh): one CTA per
 // (sequence, value head, 64-column V-tile), S^T (64 value rows x K, fp32) in the accumulators of one
-// warpgroup (warp w owns value columns 16w..16w+15). Per chunk, with A operands packed from the
+// warpgroup (warps 0-3; warp w owns value columns 16w..16w+15). Per chunk, with A operands packed from the
 // fp32 accumulators and B operands read by descriptor from 128B-swizzled tiles (gdnPrefillWgmma.cuh),
 // issued in this order (commit groups separated by |):
-//   P^T  = S^T k^T              m64n64k16  x K/16   (B = k, K-major)          | then
-//   O1^T = S^T q^T              m64n64k16  x K/16   (B = q, K-major)          | the loads of chunk c+2
+//   P^T  = S^T k^T              m64n64k16  x K/16   (B = k, K-major)          |
+//   O1^T = S^T q^T              m64n64k16  x K/16   (B = q, K-major)          |
 //   X = v - e^G rk P; delta^T = X^T Tm'^T           m64n64k16 x 4             | O1 *= e^G qs
 //   S^T  = e^{G_C} S^T + D^T k  m64n{K}k16 x 4      (B = k, MN-major)
-//   O^T += delta^T Aqk^T        m64n64k16  x 4                                | o store
+//   O^T += delta^T Aqk^T        m64n64k16  x 4                                | o of chunk c - 1 stored
 // with D = delta e^{G_C - G} rk. One product's accumulators become the next one's A registers (same
-// fragment layout as mma.sync). Tiles: 3 shared-memory stages, chunk c + 2 streaming in while c runs. A
-// full chunk comes by bulk tensor copies (TMA: thread 0 issues 8 box copies and one 1 KB bulk copy, all
-// completing on the stage's mbarrier; the tensor maps write the 128B swizzle themselves); the last,
-// partial chunk of a sequence (rows past its end must read as zero) and launches without tensor maps
-// use cp.async from every thread. ncu put 32% of the scan's stall samples on issuing those cp.async
-// (their source registers held until the copy engine took them); the bulk copies removed that.
-// Measured and dropped (benchmarks/notes_prefill.md): a second warpgroup for the O products, a
-// loader warp for the copies (2 or 3 stages), m64n48/32/16 products that skip the zero blocks of the
-// triangular Tm' and Aqk (ptxas then serialises every wgmma), o stores moved into the next chunk's
-// P shadow (no gain).
+// fragment layout as mma.sync).
+// Warp-specialised: a fifth warp (the producer) fills 3 shared-memory stages, chunk c + 2 streaming in
+// while c runs: a full chunk by bulk tensor copies (TMA: one lane issues 8 box copies and one 1 KB bulk
+// copy, completing on the stage's `full` mbarrier; the tensor maps write the 128B swizzle themselves), the
+// last, partial chunk of a sequence (rows past its end must read as zero) and launches without tensor
+// maps by cp.async from its 32 lanes. Beside the prep kernel it also waits on the prep's ready counters.
+// The math warps wait only on `full` and release a stage on its `empty` mbarrier (one arrival per warp):
+// no CTA barrier per chunk. Each chunk's o is packed at the chunk's end and stored (stmatrix.trans to a
+// per-warp staging tile, then 16-byte stores) in the shadow of the next chunk's state update, where the
+// warps would otherwise wait for the tensor cores.
+// Measured (benchmarks/notes_prefill.md): the producer warp took the scan from 1.47 to 1.28 ms at 1x64K,
+// the deferred o store to 1.25 ms. Measured and dropped: a second warpgroup for the O products, a
+// cp.async loader warp with named barriers (v5), m64n48/32/16 products that skip the zero blocks of the
+// triangular Tm' and Aqk (ptxas then serialises every wgmma), O1 in two halves around delta, o by bulk
+// tensor stores, v and the X factors read in P's shadow.
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
 
@@ -63,82 +68,25 @@ struct WgScanSmem
     };
     static constexpr uint32_t kTmaBytes = uint32_t(sizeof(Stage));  // a full stage: every byte by bulk copy
     Stage st[NS];
-    T out[4][kC][OS];
-    uint64_t bar[NS];  // per stage: completes when its bulk copies have landed
+    T out[4][kC][OS];   // per math warp: o staging (token rows of 16 values)
+    uint64_t full[NS];  // per stage: completes when its data has landed
+    uint64_t empty[NS]; // per stage: completes when the 4 math warps are done with it
 };
 
-// Rows [0, len) of a [64][C] 16-bit row-major global tile (row stride gStride) into a swizzled tile
-// at shared byte address dst (rows >= len zero-filled). Lanes 8 apart take the same 16 B column chunk
-// of 8 consecutive rows: distinct banks after the swizzle.
-template <int C, bool FULL>
-__device__ __forceinline__ void issueSwzTile(uint32_t dst, uint16_t const* g, int64_t gStride, int len)
+// Rows [0, len) of a [64][C] 16-bit row-major global tile (row stride gStride) into a swizzled tile at
+// shared byte address dst by the 32 lanes of the producer warp (rows >= len zero-filled). Lanes 8 apart
+// take the same 16 B column chunk of 8 consecutive rows: distinct banks after the swizzle.
+template <int C>
+__device__ __forceinline__ void issueSwzTileWarp(uint32_t dst, uint16_t const* g, int64_t gStride, int len, int lane)
 {
-    constexpr int CH = C / 8, GPP = 128 / (8 * CH);  // column chunks; row groups per pass
-    static_assert(GPP >= 1 && 128 % (8 * CH) == 0, "tile split");
-    int const tid = threadIdx.x, rs = tid & 7, cb = (tid >> 3) % CH, rg = (tid >> 3) / CH;
-    int const r0 = 8 * rg + rs;
-    uint16_t const* src = g + r0 * gStride + 8 * cb;
-    int64_t const step = 8 * GPP * gStride;
-    dst += swzOffset<kC>(r0, 8 * cb);
-#pragma unroll
-    for (int pass = 0; pass < kC / (8 * GPP); ++pass)
+    constexpr int CH = C / 8;  // 16-byte column chunks per row
+#pragma unroll 4
+    for (int i = 0; i < 2 * CH; ++i)
     {
-        if (FULL)
-            cpAsync16(dst + pass * GPP * 1024u, src, 16);
-        else
-        {
-            bool const ok = r0 + pass * 8 * GPP < len;
-            cpAsync16(dst + pass * GPP * 1024u, ok ? src : g, ok ? 16 : 0);
-        }
-        src += step;
+        int const f = 32 * i + lane, rs = f & 7, rest = f >> 3, cb = rest % CH, r = 8 * (rest / CH) + rs;
+        bool const ok = r < len;
+        cpAsync16(dst + swzOffset<kC>(r, 8 * cb), ok ? g + r * gStride + 8 * cb : g, ok ? 16 : 0);
     }
-}
-
-// The tiles of chunk (slot, t0, len) into the stage at stAddr. tma (a full chunk, tensor maps encoded):
-// thread 0 issues bulk tensor copies completing on `bar`; else every thread issues cp.async with rows
-// >= len zero-filled (the last chunk of a sequence, or no maps).
-template <typename T, int K>
-__device__ __forceinline__ void wgIssueStage(uint32_t stAddr, uint32_t bar, bool tma, ScanTmaMaps const& maps,
-    GdnPrefillParams const& p, ChunkWs const& ws, int64_t slot, int t0, int len, int h, int hk, int vbase)
-{
-    using SM = WgScanSmem<T, K>;
-    using St = typename SM::Stage;
-    if (tma)
-    {
-        if (threadIdx.x == 0)
-        {
-            mbarArriveExpectTx(bar, SM::kTmaBytes);
-#pragma unroll
-            for (int cb = 0; cb < K / 64; ++cb)
-            {
-                tmaLoad3d(stAddr + offsetof(St, k) + cb * (kC * 128), &maps.k, 64 * cb, hk, t0, bar);
-                tmaLoad3d(stAddr + offsetof(St, q) + cb * (kC * 128), &maps.q, 64 * cb, hk, t0, bar);
-            }
-            tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), bar);
-            tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), bar);
-            tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, bar);
-            bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), bar);
-        }
-        return;
-    }
-    int64_t const qkRow = (int64_t)p.Hk * K;
-    int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K;
-    int64_t const v0 = ((int64_t)t0 * p.Hv + h) * p.V + vbase;
-    auto rows = [&](auto full)  // the token-row tiles: unpredicated for a full chunk
-    {
-        constexpr bool FULL = decltype(full)::value;
-        issueSwzTile<K, FULL>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
-        issueSwzTile<K, FULL>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
-        issueSwzTile<SM::VT, FULL>(stAddr + offsetof(St, v), static_cast<uint16_t const*>(p.v) + v0,
-            (int64_t)p.Hv * p.V, len);
-    };
-    if (len == kC)
-        rows(std::true_type{});
-    else
-        rows(std::false_type{});
-    issueSwzTile<kC, true>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC, kC);
-    issueSwzTile<kC, true>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
-    issueFactors(stAddr + offsetof(St, gq), ws, slot);
 }
 
 // acc (64 x 64) (+)= A (64 x 64, four k16 register fragments) * B, B[k][n] = tile[n][k] from the
@@ -191,7 +139,7 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
 }
 
 template <typename T, int K, int NS = kWgStages>
-__global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
+__global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
     GdnPrefillParams const p, ChunkWs const ws, __grid_constant__ ScanTmaMaps const maps)
 {
 #if GDN_WGMMA
@@ -203,78 +151,118 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
     auto& sm = *reinterpret_cast<SM*>(smemRaw + ((1024u - (smemAddr(smemRaw) & 1023u)) & 1023u));
     int const n = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
-    int const vbase = blockIdx.z * SM::VT, vw = vbase + 16 * warp;
+    int const vbase = blockIdx.z * SM::VT;
     int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
     int const nch = (L + kC - 1) / kC, id0 = bos / kC + n;
-
-    float s[NKT][4];
-    int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
-    loadStateT(s, p.initialState, sbase, V, vw, lane);
-
     uint32_t const st0 = smemAddr(&sm.st[0]);
-    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
-    uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
-    // Beside the prep kernel (ws.ctl set), chunks cb .. cb + 7 (cb a multiple of kReadyBlock) are read
-    // only after their block counter shows every prep item of the block done: thread 0 spins on it with
-    // acquire loads before the barrier that precedes the block's first stage issue (one exposed L2 round
-    // trip per 8 chunks; a load in flight across the wgmma fences would stall every chunk).
-    int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
-    auto waitBlock = [&](int cb)
-    {
-        if (threadIdx.x == 0)
-        {
-            int const want = min(kReadyBlock, nch - cb);
-            while (loadAcquire(ready + cb) < want)
-                __nanosleep(64);
-            fenceProxyAsyncGlobal();  // the prep's stores, read next by this thread's bulk copies
-        }
-    };
-    uint32_t const bar0 = smemAddr(&sm.bar[0]);
+    uint32_t const full0 = smemAddr(&sm.full[0]), empty0 = smemAddr(&sm.empty[0]);
     if (threadIdx.x == 0)
     {
 #pragma unroll
         for (int i = 0; i < NS; ++i)
-            mbarInit(bar0 + 8u * i, 1);
+        {
+            mbarInit(full0 + 8u * i, 1);
+            mbarInit(empty0 + 8u * i, 4);
+        }
     }
-    if (nch > 0 && ready != nullptr)
-        waitBlock(0);
     __syncthreads();
-    // Chunk c lives in stage c % NS. Chunks c + 1 .. c + NS - 1 are in flight while c runs; one cp.async
-    // group is committed per issued chunk (empty for bulk copies). A stage that came by bulk copy (a full
-    // chunk with tensor maps) is waited on its barrier (phase bit per stage), one by cp.async with wait_group.
-    auto byTma = [&](int c) { return maps.use && L - c * kC >= kC; };
-    auto issue = [&](int c)
+
+    if (warp == 4)
     {
-        if (c < nch)
+        // ---- producer: chunk c into stage c % NS once the math warps have released chunk c - NS. Beside
+        // the prep kernel (ws.ctl set), chunks cb .. cb + 7 (cb a multiple of kReadyBlock) are loaded only
+        // after their block counter shows every prep item of the block done (acquire loads by lane 0).
+        int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
+        uint32_t phases = 0;
+        for (int c = 0; c < nch; ++c)
         {
             int const si = c % NS;
-            wgIssueStage<T, K>(st0 + si * uint32_t(sizeof(St)), bar0 + 8u * si, byTma(c), maps, p, ws,
-                (int64_t)(id0 + c) * Hv + h, bos + c * kC, min(kC, L - c * kC), h, hk, vbase);
-        }
-        cpAsyncCommit();
-    };
-    uint32_t phases = 0;
+            uint32_t const stAddr = st0 + si * uint32_t(sizeof(St)), full = full0 + 8u * si;
+            if (c >= NS)
+            {
+                mbarWait(empty0 + 8u * si, (phases >> si) & 1u);
+                phases ^= 1u << si;
+            }
+            if (ready != nullptr && c % kReadyBlock == 0)
+            {
+                if (lane == 0)
+                {
+                    int const want = min(kReadyBlock, nch - c);
+                    while (loadAcquire(ready + c) < want)
+                        __nanosleep(64);
+                    fenceProxyAsyncGlobal();  // the prep's stores, read next by bulk copies
+                }
+                __syncwarp();
+            }
+            int const t0 = bos + c * kC, len = min(kC, L - c * kC);
+            int64_t const slot = (int64_t)(id0 + c) * Hv + h;
+            if (maps.use && len == kC)
+            {
+                if (lane == 0)
+                {
+                    mbarArriveExpectTx(full, SM::kTmaBytes);
 #pragma unroll
-    for (int c = 0; c < NS - 1; ++c)
-        issue(c);
+                    for (int cb = 0; cb < K / 64; ++cb)
+                    {
+                        tmaLoad3d(stAddr + offsetof(St, k) + cb * (kC * 128), &maps.k, 64 * cb, hk, t0, full);
+                        tmaLoad3d(stAddr + offsetof(St, q) + cb * (kC * 128), &maps.q, 64 * cb, hk, t0, full);
+                    }
+                    tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), full);
+                    tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
+                    tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full);
+                    bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
+                }
+                continue;
+            }
+            int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K, qkRow = (int64_t)p.Hk * K;
+            issueSwzTileWarp<K>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len, lane);
+            issueSwzTileWarp<K>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len, lane);
+            issueSwzTileWarp<SM::VT>(stAddr + offsetof(St, v),
+                static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * Hv + h) * V + vbase, (int64_t)Hv * V, len, lane);
+            issueSwzTileWarp<kC>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC,
+                kC, lane);
+            issueSwzTileWarp<kC>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC),
+                kC, kC, lane);
+#pragma unroll
+            for (int i = 0; i < 2; ++i)  // the gq slot: 64 chunks of 16 B
+                cpAsync16(stAddr + offsetof(St, gq) + 16u * (32 * i + lane), ws.gq + slot * (4 * kC) + 4 * (32 * i + lane), 16);
+            cpAsyncCommit();
+            cpAsyncWaitAll();
+            fenceProxyAsync();  // written by the generic proxy, read by wgmma
+            __syncwarp();
+            if (lane == 0)
+                mbarArrive(full);
+        }
+        return;
+    }
 
+    // ---- math warpgroup (warps 0-3)
+    int const vw = vbase + 16 * warp;
+    float s[NKT][4];
+    int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
+    loadStateT(s, p.initialState, sbase, V, vw, lane);
+    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
+    uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
     int const vr = (lane & 7) + 8 * (lane >> 4), vc = 16 * warp + 8 * ((lane >> 3) & 1);
     uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + swzOffset<kC>(vr, vc);
+    // o of the previous chunk, packed (stored in the shadow of this chunk's state update)
+    uint32_t op[4][4];
+    auto storeO = [&](int cc)
+    {
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            stsmX4T(aOut + 2u * (16 * j * SM::OS), op[j][0], op[j][1], op[j][2], op[j][3]);
+        storeStaged<T, SM::OS>(sm.out[warp], static_cast<T*>(p.o) + ((int64_t)(bos + cc * kC) * Hv + h) * V + vw,
+            (int64_t)Hv * V, min(kC, L - cc * kC), lane);
+    };
+    uint32_t phases = 0;
     for (int c = 0; c < nch; ++c)
     {
         int const si = c % NS;
-        if (ready != nullptr && c + NS - 1 < nch && (c + NS - 1) % kReadyBlock == 0)
-            waitBlock(c + NS - 1);  // the stage issued below starts a block
-        cpAsyncWaitGroup<NS - 2>();
-        if (byTma(c))
-        {
-            mbarWait(bar0 + 8u * si, (phases >> si) & 1u);
-            phases ^= 1u << si;
-        }
-        fenceProxyAsync();
-        __syncthreads();
+        mbarWait(full0 + 8u * si, (phases >> si) & 1u);
+        phases ^= 1u << si;
         auto const& st = sm.st[si];
-        int const len = min(kC, L - c * kC);
         uint32_t const sb = st0 + si * uint32_t(sizeof(St));
         uint32_t const aK = sb + offsetof(St, k), aQ = sb + offsetof(St, q);
 
@@ -283,11 +271,9 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
 #pragma unroll
         for (int kk = 0; kk < KS16; ++kk)
             accToA<T>(sa[kk], s, kk);
-        {
-            // S^T *= e^{G_C} ahead of the update (here, not in the shadow of P: ptxas would wait for
-            // the in-flight wgmma before touching registers a wgmma once defined, C7517)
-            scaleState(s, st.gq[0][3]);
-        }
+        // S^T *= e^{G_C} ahead of the update (here, not in the shadow of P: ptxas would wait for the
+        // in-flight wgmma before touching registers a wgmma once defined, C7517)
+        scaleState(s, st.gq[0][3]);
         float pa[8][4], oa[8][4], da[8][4];
         wgFence();
 #pragma unroll
@@ -298,8 +284,6 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
         for (int kk = 0; kk < KS16; ++kk)
             Wgmma<T, 64, 0>::run(oa, sa[kk], descKMajor<kC>(aQ, kk), kk > 0);
         wgCommit();
-        // in the shadow of P and O1: the loads of chunk c + NS - 1
-        issue(c + NS - 1);
         wgWait<1>();
         fenceAcc(pa);
 
@@ -340,6 +324,8 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
         wgCommit();
         wgProduct64<T>(oa, dA, sb + offsetof(St, aqk), true);
         wgCommit();
+        if (c > 0)
+            storeO(c - 1);  // while the tensor cores finish S and O2
         wgWait<0>();
         fenceAcc(oa);
         fenceAcc(s);
@@ -349,10 +335,19 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillScanWgKernel(
             fenceRegs(dA[kk]);
             fenceRegs(uA[kk]);
         }
-        storeOTile<T, SM::OS>(oa, sm.out[warp], aOut, static_cast<T*>(p.o) + ((int64_t)(bos + c * kC) * Hv + h) * V + vw,
-            (int64_t)Hv * V, len, lane);
+        if (lane == 0)
+            mbarArrive(empty0 + 8u * si);  // every read of the stage is done (the wgmma waited, the loads used)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            op[j][0] = pack2<T>(oa[2 * j][0], oa[2 * j][1]);
+            op[j][1] = pack2<T>(oa[2 * j][2], oa[2 * j][3]);
+            op[j][2] = pack2<T>(oa[2 * j + 1][0], oa[2 * j + 1][1]);
+            op[j][3] = pack2<T>(oa[2 * j + 1][2], oa[2 * j + 1][3]);
+        }
     }
-    cpAsyncWaitAll();
+    if (nch > 0)
+        storeO(nch - 1);
     storeStateT(s, p.finalState, sbase, V, vw, lane);
     // launched as the programmatic dependent of the prep kernel: end only after it has (so the work
     // after this kernel in the stream also follows the prep kernel)

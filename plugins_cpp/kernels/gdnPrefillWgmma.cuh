@@ -103,6 +103,13 @@ __device__ __forceinline__ void mbarArriveExpectTx(uint32_t bar, uint32_t bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
+// Thread-level: this thread's arrival (no transaction bytes).
+__device__ __forceinline__ void mbarArrive(uint32_t bar)
+{
+#if GDN_WGMMA
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
 __device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity)
 {
 #if GDN_WGMMA
