@@ -192,7 +192,8 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     w.gq = 2 * mat;
     w.ctl = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));  // control block + ready counters
     size_t const readyCounters = (size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hk);
-    w.total = w.ctl + alignUp((prefill_chunked::kCtlInts + readyCounters) * sizeof(int));
+    // (+ the scan's progress counters, same count)
+    w.total = w.ctl + alignUp((prefill_chunked::kCtlInts + 2 * readyCounters) * sizeof(int));
     return w;
 }
 
@@ -208,6 +209,9 @@ bool isHeadDim(int d)
 constexpr int kScanWgmma = 1;
 constexpr int kScanWgmmaBeside = 3;
 constexpr int kNoTma = 4;
+// Beside the prep: how far (chunks) the prep may run ahead of the scan. H100, 1x64K (notes v9): 8 -> 1.92 ms
+// (the scan waits on the prep), 16 -> 1.36-1.39, 24 -> 1.36, 40 -> 1.41, unbounded -> 1.43-1.45.
+constexpr int kThrottleChunks = 24;
 
 bool isWgmmaVariant(int nw)
 {
@@ -304,10 +308,13 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     bool const beside = nw == kScanWgmmaBeside && K <= 128;  // (K = 256 runs the mma.sync scan after the prep)
     if (beside)
     {
-        GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, (prefill_chunked::kCtlInts + size_t(items)) * sizeof(int), stream));
+        GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, (prefill_chunked::kCtlInts + 2 * size_t(items)) * sizeof(int), stream));
         // SMs kept for the scan: one per scan CTA, at most half of them (a forced beside launch of a
         // larger scan runs in waves on those)
         ws.scanCtas = int(std::min<int64_t>(wgScanCtas(p), smCount() / 2));
+        // the prep keeps within kThrottleChunks of the scan (L2 reuse of q, k and the workspace slots), only
+        // when every scan CTA has a kept SM (co-resident; the wait is bounded in any case)
+        ws.throttle = wgScanCtas(p) <= ws.scanCtas ? kThrottleChunks : 0;
     }
     else
         ws.ctl = nullptr;
@@ -447,7 +454,7 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
     ChunkWs const ws{
-        base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0};
+        base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0, 0};
     if (isWgmmaVariant(nw) && !wgmmaUsable())
         return cudaErrorNotSupported;  // (K = 256 with a wgmma variant runs the 4-warp mma.sync scan)
     if (nw != 2 && nw != 4 && !isWgmmaVariant(nw))

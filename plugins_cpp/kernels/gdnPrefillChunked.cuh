@@ -60,6 +60,10 @@ struct ChunkWs
     // (readyCounter). scanCtas SMs are kept free for the scan's CTAs.
     int* ctl;
     int scanCtas;
+    // Beside the scan: a prep item of chunk c >= throttle waits (at most kThrottleNs) until every scan CTA
+    // of its key head has started loading chunk c - throttle's block, so that the scan reads q, k and the
+    // workspace slot while they are still in L2 (0: no wait).
+    int throttle;
 };
 
 constexpr int kReadyBlock = 8;  // chunks per ready counter: one acquire load per 8 chunks in the scan
@@ -72,6 +76,22 @@ constexpr int kCtlInts = 2 + kCtlSmIds;  // ints of the control block ahead of t
 __device__ __forceinline__ int* readyCounter(ChunkWs const& ws, GdnPrefillParams const& p, int hk, int id)
 {
     return ws.ctl + kCtlInts + (int64_t)hk * (p.T / kC + p.N) + id;
+}
+
+// Scan progress counter of the block starting at chunk id `id` of key head hk (after the ready counters):
+// every scan CTA of the key head adds 1 when it starts loading the block.
+__device__ __forceinline__ int* consumedCounter(ChunkWs const& ws, GdnPrefillParams const& p, int hk, int id)
+{
+    int64_t const ids = p.T / kC + p.N;
+    return ws.ctl + kCtlInts + ids * p.Hk + (int64_t)hk * ids + id;
+}
+constexpr unsigned long long kThrottleNs = 50000;  // a throttled prep item waits at most this long
+
+__device__ __forceinline__ unsigned long long globalTimerNs()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
 __device__ __forceinline__ void addRelease(int* f, int v)
@@ -127,6 +147,19 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
         return -1;  // unused id (gap after a short or empty sequence)
     int const t0 = bos + c * kC, len = min(kC, L - c * kC);
     int const Hv = p.Hv, Hk = p.Hk, grp = Hv / Hk;
+    if (ws.throttle > 0 && c >= ws.throttle)
+    {
+        // stay within `throttle` chunks of the slowest scan CTA of this key head (bounded wait)
+        if (tid == 0)
+        {
+            int const* cons = consumedCounter(ws, p, hk, id - c + (c - ws.throttle) / kReadyBlock * kReadyBlock);
+            int const need = grp * (p.V / 64);
+            unsigned long long const tStart = globalTimerNs();
+            while (loadAcquire(cons) < need && globalTimerNs() - tStart < kThrottleNs)
+                __nanosleep(128);
+        }
+        __syncthreads();
+    }
 
     // raw q, k rows -> shared (16 B copies, zero rows past the end)
     constexpr int VEC = 8;  // 16-bit elements per 16 B

@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
         // the prep kernel (ws.ctl set), chunks cb .. cb + 7 (cb a multiple of kReadyBlock) are loaded only
         // after their block counter shows every prep item of the block done (acquire loads by lane 0).
         int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
+        int* const consumed = ws.ctl ? consumedCounter(ws, p, hk, id0) : nullptr;
         uint32_t phases = 0;
         for (int c = 0; c < nch; ++c)
         {
@@ -191,6 +192,8 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
                     while (loadAcquire(ready + c) < want)
                         __nanosleep(64);
                     fenceProxyAsyncGlobal();  // the prep's stores, read next by bulk copies
+                    if (ws.throttle > 0)
+                        addRelease(consumed + c, 1);  // progress, for the prep's throttle
                 }
                 __syncwarp();
             }
