@@ -82,8 +82,7 @@ __device__ __forceinline__ int* readyCounter(ChunkWs const& ws, GdnPrefillParams
 // every scan CTA of the key head adds 1 when it starts loading the block.
 __device__ __forceinline__ int* consumedCounter(ChunkWs const& ws, GdnPrefillParams const& p, int hk, int id)
 {
-    int64_t const ids = p.T / kC + p.N;
-    return ws.ctl + kCtlInts + ids * p.Hk + (int64_t)hk * ids + id;
+    return readyCounter(ws, p, hk, id) + (int64_t)(p.T / kC + p.N) * p.Hk;
 }
 constexpr unsigned long long kThrottleNs = 50000;  // a throttled prep item waits at most this long
 
@@ -671,12 +670,24 @@ __device__ __forceinline__ void issueTile(uint32_t dst, int sStride, uint16_t co
     }
 }
 
-// The chunk's workspace gq slot (the per-token factors, 1 KB) by cp.async from the first 64 threads:
-// staged the same way by both scans.
-__device__ __forceinline__ void issueFactors(uint32_t gqDst, ChunkWs const& ws, int64_t slot)
+// The chunk's workspace gq slot (the per-token factors, 1 KB: 64 chunks of 16 B) by cp.async from threads
+// tid of NT (the mma.sync scan's CTA, the wgmma scan's producer warp): staged the same way by both scans.
+template <int NT>
+__device__ __forceinline__ void issueFactors(uint32_t gqDst, ChunkWs const& ws, int64_t slot, int tid)
 {
-    if (threadIdx.x < kC)
-        cpAsync16(gqDst + 16u * threadIdx.x, ws.gq + slot * (4 * kC) + 4 * threadIdx.x, 16);
+    static_assert(NT >= kC || kC % NT == 0, "factor split");
+    // (the guarded form for a whole CTA keeps the K = 256 mma.sync scan at 255 registers without new spills)
+    if constexpr (NT >= kC)
+    {
+        if (tid < kC)
+            cpAsync16(gqDst + 16u * tid, ws.gq + slot * (4 * kC) + 4 * tid, 16);
+    }
+    else
+    {
+#pragma unroll
+        for (int i = tid; i < kC; i += NT)
+            cpAsync16(gqDst + 16u * i, ws.gq + slot * (4 * kC) + 4 * i, 16);
+    }
 }
 
 template <typename T, int K, int NW>
@@ -696,7 +707,7 @@ __device__ __forceinline__ void scanIssueStage(uint32_t stAddr, GdnPrefillParams
         static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
     issueTile<SM::VT / 8, NT>(stAddr + offsetof(St, v), SM::VS,
         static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase, (int64_t)p.Hv * p.V, len);
-    issueFactors(stAddr + offsetof(St, gq), ws, slot);
+    issueFactors<NT>(stAddr + offsetof(St, gq), ws, slot, threadIdx.x);
 }
 
 template <typename T, int K, int NW>

@@ -226,9 +226,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
                 kC, lane);
             issueSwzTileWarp<kC>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC),
                 kC, kC, lane);
-#pragma unroll
-            for (int i = 0; i < 2; ++i)  // the gq slot: 64 chunks of 16 B
-                cpAsync16(stAddr + offsetof(St, gq) + 16u * (32 * i + lane), ws.gq + slot * (4 * kC) + 4 * (32 * i + lane), 16);
+            issueFactors<32>(stAddr + offsetof(St, gq), ws, slot, lane);
             cpAsyncCommit();
             cpAsyncWaitAll();
             fenceProxyAsync();  // written by the generic proxy, read by wgmma
