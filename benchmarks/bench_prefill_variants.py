@@ -46,6 +46,7 @@ CHECKS = [
     ([1, 64, 300], 2, 4, 128, 128, torch.bfloat16, 0, 1, dict(g_range=(-1e-4, 0.0), beta_range=(0.99, 1.0))),
     ([1, 64, 300], 2, 4, 128, 128, torch.bfloat16, 0, 1, dict(g_range=(-20.0, 0.0), beta_range=(0.0, 1.0))),
     ([2000, 333], 16, 32, 128, 128, torch.bfloat16, 0, 1, {}),
+    ([5000, 2100, 0, 700], 2, 4, 128, 128, torch.bfloat16, 0, 1, {}),  # beside: the prep's throttle engaged
 ]
 
 

@@ -25,7 +25,9 @@
 // the deferred o store to 1.25 ms. Measured and dropped: a second warpgroup for the O products, a
 // cp.async loader warp with named barriers (v5), m64n48/32/16 products that skip the zero blocks of the
 // triangular Tm' and Aqk (ptxas then serialises every wgmma), O1 in two halves around delta, o by bulk
-// tensor stores, v and the X factors read in P's shadow.
+// tensor stores, v and the X factors read in P's shadow; beside the prep, dropping each workspace slot's L2
+// lines once read (discard.global.L2: the producer became the bottleneck) and a ring of reused slots.
+// v (read once) and, beside the prep, o are streamed with an L2 evict-first policy.
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
 
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
         int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
         int* const consumed = ws.ctl ? consumedCounter(ws, p, hk, id0) : nullptr;
         uint32_t phases = 0;
+        uint64_t const vPolicy = policyEvictFirst();  // v is read once
         for (int c = 0; c < nch; ++c)
         {
             int const si = c % NS;
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
                     }
                     tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), full);
                     tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
-                    tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full);
+                    tmaLoad3dHint(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
                     bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
                 }
                 continue;
@@ -246,6 +249,8 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
     uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
     int const vr = (lane & 7) + 8 * (lane >> 4), vc = 16 * warp + 8 * ((lane >> 3) & 1);
     uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + swzOffset<kC>(vr, vc);
+    // o is written once: evicted first from L2 beside the prep (whose q, k and slots the scan reads next)
+    uint64_t const oPolicy = ws.ctl != nullptr ? policyEvictFirst() : 0;
     // o of the previous chunk, packed (stored in the shadow of this chunk's state update)
     uint32_t op[4][4];
     auto storeO = [&](int cc)
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
         for (int j = 0; j < 4; ++j)
             stsmX4T(aOut + 2u * (16 * j * SM::OS), op[j][0], op[j][1], op[j][2], op[j][3]);
         storeStaged<T, SM::OS>(sm.out[warp], static_cast<T*>(p.o) + ((int64_t)(bos + cc * kC) * Hv + h) * V + vw,
-            (int64_t)Hv * V, min(kC, L - cc * kC), lane);
+            (int64_t)Hv * V, min(kC, L - cc * kC), lane, oPolicy);
     };
     uint32_t phases = 0;
     for (int c = 0; c < nch; ++c)

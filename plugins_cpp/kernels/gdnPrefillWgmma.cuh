@@ -129,6 +129,27 @@ __device__ __forceinline__ void tmaLoad3d(uint32_t dst, void const* map, int c0,
         : "memory");
 #endif
 }
+// L2 policy for data read or written once (streamed): evicted first, so it does not push out lines that
+// are read again (q, k and the workspace slots beside the prep kernel).
+__device__ __forceinline__ uint64_t policyEvictFirst()
+{
+    uint64_t pol = 0;
+#if GDN_WGMMA
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+// tmaLoad3d with an L2 cache policy
+__device__ __forceinline__ void tmaLoad3dHint(
+    uint32_t dst, void const* map, int c0, int c1, int c2, uint32_t bar, uint64_t pol)
+{
+#if GDN_WGMMA
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+                 "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(pol)
+        : "memory");
+#endif
+}
 // `bytes` (a multiple of 16) contiguous bytes from src (16 B aligned).
 __device__ __forceinline__ void bulkLoad(uint32_t dst, void const* src, uint32_t bytes, uint32_t bar)
 {

@@ -164,6 +164,21 @@ def test_prefill_64k_tokens(kernels, gen, io):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("nw", [3, 7])
+def test_prefill_beside_long_sequences(kernels, gen, nw):
+    """The scan beside the prep kernel (the prep's throttle, ready counters across blocks of 8 chunks) on
+    sequences of 79, 33 and 11 chunks and an empty one, by bulk tensor copies (3) and by cp.async (7)."""
+    usable = getattr(kernels.LIB, "gdnPrefillWgmmaUsableC", None)
+    if usable is None or not usable(128):
+        pytest.skip("the wgmma scan (variants 3, 7) needs an sm_90a build on an sm_90 GPU")
+    inp = make_prefill_inputs(gen, [5000, 2100, 0, 700], 2, 4, 128, 128, use_qk_l2norm=1)
+    d, ref = to_device(inp, torch.bfloat16, torch.float32)
+    attrs = op_attrs(0, 1)
+    o, final = _run(kernels, d, attrs, nw=nw)
+    _check(o, final, ref, attrs, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("io", ["bf16", "f32"])
 def test_prefill_cuda_graph_replay_matches_eager(kernels, gen, io):
     inp = make_prefill_inputs(gen, RAGGED, 2, 4, 128, 128, gate_mode=1, use_qk_l2norm=1)
