@@ -26,7 +26,8 @@
 // cp.async loader warp with named barriers (v5), m64n48/32/16 products that skip the zero blocks of the
 // triangular Tm' and Aqk (ptxas then serialises every wgmma), O1 in two halves around delta, o by bulk
 // tensor stores, v and the X factors read in P's shadow; beside the prep, dropping each workspace slot's L2
-// lines once read (discard.global.L2: the producer became the bottleneck) and a ring of reused slots.
+// lines once read (discard.global.L2: the producer became the bottleneck) and a ring of reused slots; the
+// chunk loop turned at delta so that the state's pack and scaling overlap O2 (5% slower, notes v10).
 // v (read once) and, beside the prep, o are streamed with an L2 evict-first policy.
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
