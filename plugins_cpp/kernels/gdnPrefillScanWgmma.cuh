@@ -27,7 +27,8 @@
 // triangular Tm' and Aqk (ptxas then serialises every wgmma), O1 in two halves around delta, o by bulk
 // tensor stores, v and the X factors read in P's shadow; beside the prep, dropping each workspace slot's L2
 // lines once read (discard.global.L2: the producer became the bottleneck) and a ring of reused slots; the
-// chunk loop turned at delta so that the state's pack and scaling overlap O2 (5% slower, notes v10).
+// chunk loop turned at delta so that the state's pack and scaling overlap O2 (5% slower, notes v10), o
+// copied to global memory by the producer warp (LDS + STG: ~2 us per tile for one warp, much slower).
 // v (read once) and, beside the prep, o are streamed with an L2 evict-first policy.
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
