@@ -172,7 +172,7 @@ size_t alignUp(size_t x)
 // Workspace slots: one per (chunk id, value head); chunk ids < T/64 + N
 size_t wsSlots(GdnPrefillParams const& p)
 {
-    return (size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hv);
+    return size_t(prefill_chunked::chunkIds(p)) * size_t(p.Hv);
 }
 
 struct WsLayout
@@ -191,9 +191,7 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     w.tm = mat;
     w.gq = 2 * mat;
     w.ctl = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));  // control block + ready counters
-    size_t const readyCounters = (size_t(p.T) / kC + size_t(p.N)) * size_t(p.Hk);
-    // (+ the scan's progress counters, same count)
-    w.total = w.ctl + alignUp((prefill_chunked::kCtlInts + 2 * readyCounters) * sizeof(int));
+    w.total = w.ctl + alignUp(size_t(prefill_chunked::ctlInts(p)) * sizeof(int));
     return w;
 }
 
@@ -298,8 +296,7 @@ int64_t wgScanCtas(GdnPrefillParams const& p)
 template <typename T, int K>
 cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStream_t stream)
 {
-    int const ids = p.T / kC + p.N;
-    int64_t const items = int64_t(ids) * p.Hk;
+    int64_t const items = prefill_chunked::chunkIds(p) * p.Hk;
     if (items > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
     bool const tma = nw == kScanWgmma || nw == kScanWgmmaBeside;
@@ -308,7 +305,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     bool const beside = nw == kScanWgmmaBeside && K <= 128;  // (K = 256 runs the mma.sync scan after the prep)
     if (beside)
     {
-        GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, (prefill_chunked::kCtlInts + 2 * size_t(items)) * sizeof(int), stream));
+        GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, size_t(prefill_chunked::ctlInts(p)) * sizeof(int), stream));
         // SMs kept for the scan: one per scan CTA, at most half of them (a forced beside launch of a
         // larger scan runs in waves on those)
         ws.scanCtas = int(std::min<int64_t>(wgScanCtas(p), smCount() / 2));

@@ -70,19 +70,31 @@ constexpr int kReadyBlock = 8;  // chunks per ready counter: one acquire load pe
 constexpr int kCtlSmIds = 1024;  // per-SM role slots (%smid beyond them: a worker SM)
 constexpr int kCtlInts = 2 + kCtlSmIds;  // ints of the control block ahead of the ready counters
 
+// Chunk ids per head: T/64 + N (sequence n's chunk c has id bos/64 + n + c); the workspace has one slot per
+// (chunk id, value head), the beside mode one ready and one progress counter per (chunk id, key head).
+__host__ __device__ __forceinline__ int64_t chunkIds(GdnPrefillParams const& p)
+{
+    return int64_t(p.T) / kC + p.N;
+}
+// ints of ws.ctl: the control block, then the ready counters, then the progress counters
+__host__ __device__ __forceinline__ int64_t ctlInts(GdnPrefillParams const& p)
+{
+    return kCtlInts + 2 * chunkIds(p) * p.Hk;
+}
+
 // Ready counter of chunk id `id` of key head hk ([hk][id], T/64 + N ids per head): the counter of the
 // first chunk id of each block of kReadyBlock chunks of a sequence counts the prep items of the block
 // that are done.
 __device__ __forceinline__ int* readyCounter(ChunkWs const& ws, GdnPrefillParams const& p, int hk, int id)
 {
-    return ws.ctl + kCtlInts + (int64_t)hk * (p.T / kC + p.N) + id;
+    return ws.ctl + kCtlInts + hk * chunkIds(p) + id;
 }
 
 // Scan progress counter of the block starting at chunk id `id` of key head hk (after the ready counters):
 // every scan CTA of the key head adds 1 when it starts loading the block.
 __device__ __forceinline__ int* consumedCounter(ChunkWs const& ws, GdnPrefillParams const& p, int hk, int id)
 {
-    return readyCounter(ws, p, hk, id) + (int64_t)(p.T / kC + p.N) * p.Hk;
+    return readyCounter(ws, p, hk, id) + chunkIds(p) * p.Hk;
 }
 constexpr unsigned long long kThrottleNs = 50000;  // a throttled prep item waits at most this long
 

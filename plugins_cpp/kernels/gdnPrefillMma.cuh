@@ -50,12 +50,6 @@ __device__ __forceinline__ void fenceProxyAsyncGlobal()
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
 }
-// all but the newest N committed groups have landed
-template <int N>
-__device__ __forceinline__ void cpAsyncWaitGroup()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void ldsmX4(uint32_t (&r)[4], void const* p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
                     }
                     tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), full);
                     tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
-                    tmaLoad3dHint(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
+                    tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
                     bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
                 }
                 continue;

@@ -119,16 +119,6 @@ __device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity)
         : "memory");
 #endif
 }
-// Box at coordinates (c0, c1, c2) of the 3-D tensor map `map` (a __grid_constant__ parameter's address).
-__device__ __forceinline__ void tmaLoad3d(uint32_t dst, void const* map, int c0, int c1, int c2, uint32_t bar)
-{
-#if GDN_WGMMA
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-                 "%4}], [%5];\n" ::"r"(dst),
-        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
-#endif
-}
 // L2 policy for data read or written once (streamed): evicted first, so it does not push out lines that
 // are read again (q, k and the workspace slots beside the prep kernel).
 __device__ __forceinline__ uint64_t policyEvictFirst()
@@ -139,15 +129,22 @@ __device__ __forceinline__ uint64_t policyEvictFirst()
 #endif
     return pol;
 }
-// tmaLoad3d with an L2 cache policy
-__device__ __forceinline__ void tmaLoad3dHint(
-    uint32_t dst, void const* map, int c0, int c1, int c2, uint32_t bar, uint64_t pol)
+// Box at coordinates (c0, c1, c2) of the 3-D tensor map `map` (a __grid_constant__ parameter's address),
+// with the L2 cache policy pol (createpolicy) unless it is 0.
+__device__ __forceinline__ void tmaLoad3d(
+    uint32_t dst, void const* map, int c0, int c1, int c2, uint32_t bar, uint64_t pol = 0)
 {
 #if GDN_WGMMA
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
-                 "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(pol)
-        : "memory");
+    if (pol != 0)
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
+                     "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+            "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(pol)
+            : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                     "%3, %4}], [%5];\n" ::"r"(dst),
+            "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+            : "memory");
 #endif
 }
 // `bytes` (a multiple of 16) contiguous bytes from src (16 B aligned).
