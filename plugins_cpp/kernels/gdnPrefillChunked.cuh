@@ -602,9 +602,8 @@ __device__ __forceinline__ void applyUpdateScales(float (&da)[8][4], float (&s)[
 
 // The warp's staged o tile (token rows of 16 values, row stride OS) -> 16-byte stores of rows < len to og
 // (row stride ld; og 16 B aligned). Entered with the staging writes done by every lane of the warp.
-// pol: an L2 cache policy for the stores (createpolicy; 0: plain stores).
 template <typename T, int OS>
-__device__ __forceinline__ void storeStaged(T (&ob)[kC][OS], T* og, int64_t ld, int len, int lane, uint64_t pol = 0)
+__device__ __forceinline__ void storeStaged(T (&ob)[kC][OS], T* og, int64_t ld, int len, int lane)
 {
     __syncwarp();
     // 16 B per lane: rows lane/2 (+16, +32, +48), half lane%2 of the 32-byte row
@@ -612,19 +611,7 @@ __device__ __forceinline__ void storeStaged(T (&ob)[kC][OS], T* og, int64_t ld, 
     T* dst = og + (int64_t)r0 * ld + half;
     int64_t const step = 16 * ld;
     auto st = [&](int it)
-    {
-        uint4 const x = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        if (pol != 0)
-        {
-            asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst + it * step), "r"(x.x),
-                "r"(x.y), "r"(x.z), "r"(x.w), "l"(pol)
-                : "memory");
-            return;
-        }
-#endif
-        *reinterpret_cast<uint4*>(dst + it * step) = x;
-    };
+    { *reinterpret_cast<uint4*>(dst + it * step) = *reinterpret_cast<uint4 const*>(&ob[r0 + 16 * it][half]); };
     if (len == kC)
     {
 #pragma unroll

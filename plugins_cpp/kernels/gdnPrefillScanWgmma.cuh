@@ -18,17 +18,20 @@
 // last, partial chunk of a sequence (rows past its end must read as zero) and launches without tensor
 // maps by cp.async from its 32 lanes. Beside the prep kernel it also waits on the prep's ready counters.
 // The math warps wait only on `full` and release a stage on its `empty` mbarrier (one arrival per warp):
-// no CTA barrier per chunk. Each chunk's o is packed at the chunk's end and stored (stmatrix.trans to a
-// per-warp staging tile, then 16-byte stores) in the shadow of the next chunk's state update, where the
-// warps would otherwise wait for the tensor cores.
+// no CTA barrier per chunk. Each chunk's o is packed at the chunk's end and stored in the shadow of the
+// next chunk's state update, where the warps would otherwise wait for the tensor cores: stmatrix.trans
+// into a swizzled staging tile, then one bulk tensor store of the 64x64 tile by thread 0 (storeOChunk).
 // Measured (benchmarks/notes_prefill.md): the producer warp took the scan from 1.47 to 1.28 ms at 1x64K,
-// the deferred o store to 1.25 ms. Measured and dropped: a second warpgroup for the O products, a
-// cp.async loader warp with named barriers (v5), m64n48/32/16 products that skip the zero blocks of the
-// triangular Tm' and Aqk (ptxas then serialises every wgmma), O1 in two halves around delta, o by bulk
-// tensor stores, v and the X factors read in P's shadow; beside the prep, dropping each workspace slot's L2
-// lines once read (discard.global.L2: the producer became the bottleneck) and a ring of reused slots; the
-// chunk loop turned at delta so that the state's pack and scaling overlap O2 (5% slower, notes v10), o
-// copied to global memory by the producer warp (LDS + STG: ~2 us per tile for one warp, much slower).
+// the deferred o store to 1.25 ms, the bulk o store (instead of per-warp 16-byte stores) 1.29 -> 1.20 ms
+// (v11). Measured and dropped: a second warpgroup for the O products, a cp.async loader warp with named
+// barriers (v5), m64n48/32/16 products that skip the zero blocks of the triangular Tm' and Aqk (ptxas then
+// serialises every wgmma), O1 in two halves around delta, per-warp bulk stores of o (32-byte rows), v and
+// the X factors read in P's shadow; beside the prep, dropping each workspace slot's L2 lines once read
+// (discard.global.L2: the producer became the bottleneck) and a ring of reused slots; the chunk loop turned
+// at delta so that the state's pack and scaling overlap O2 (5% slower, notes v10), o copied to global
+// memory by the producer warp (LDS + STG: ~2 us per tile for one warp, much slower); a second warpgroup
+// computing W = Tm' diag(e^G rk) k so that delta = U - W S leaves the chain (equal after the prep, slower
+// beside it, v11), o staged in the stage's v tile (4% slower, v11).
 // v (read once) and, beside the prep, o are streamed with an L2 evict-first policy.
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
@@ -48,10 +51,10 @@ using namespace prefill_wgmma;
 
 // Tensor maps of the scan's tiles (gdnPrefill.cu encodes them per launch; use = 0: none, every stage
 // by cp.async). 16-bit elements, 128-byte swizzle, boxes of 64 columns x 64 rows:
-//   q, k: [T][Hk][K] box (64, 1, 64) ; v: [T][Hv][V] box (64, 1, 64) ; tm, aqk: [slot][64][64] box (64, 64, 1)
+//   q, k: [T][Hk][K] box (64, 1, 64) ; v, o: [T][Hv][V] box (64, 1, 64) ; tm, aqk: [slot][64][64] box (64, 64, 1)
 struct ScanTmaMaps
 {
-    CUtensorMap q, k, v, tm, aqk;
+    CUtensorMap q, k, v, tm, aqk, o;  // o: the same box as v, stored to
     int use;
 };
 
@@ -60,7 +63,7 @@ constexpr int kWgStages = 3;  // shared-memory stages: chunk c + 2 streams in wh
 template <typename T, int K, int NS = kWgStages>
 struct WgScanSmem
 {
-    static constexpr int VT = 64, OS = 16 + 8;
+    static constexpr int VT = 64;
     struct Stage
     {
         T k[kC * K];  // swizzled tiles (swzOffset<64>), 1 KB aligned
@@ -72,7 +75,7 @@ struct WgScanSmem
     };
     static constexpr uint32_t kTmaBytes = uint32_t(sizeof(Stage));  // a full stage: every byte by bulk copy
     Stage st[NS];
-    T out[4][kC][OS];   // per math warp: o staging (token rows of 16 values)
+    T ob[2][kC * VT];  // o staging: two swizzled [64 tokens][64 values] tiles (1 KB aligned)
     uint64_t full[NS];  // per stage: completes when its data has landed
     uint64_t empty[NS]; // per stage: completes when the 4 math warps are done with it
 };
@@ -142,6 +145,130 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
         Wgmma<T, 64, 0>::run(acc, a[kk], descKMajor<kC>(tile, kk), (accumulate || kk) ? 1 : 0);
 }
 
+// o of one chunk from the math warpgroup (threads 0-127; every thread calls it): each warp's packed o^T
+// (op[j]: accToA of the accumulators' k16 step j) stmatrix.trans'd into the swizzled [64 tokens][64 values]
+// staging tile at obuf (the layout of the tensor map's box), then a full chunk with a tensor map by one
+// bulk tensor store issued by thread 0 (the copy engine reads the tile and writes 128-byte rows; the warps
+// go on at once), else (the last, partial chunk of a sequence; no tensor maps) by 16-byte stores of rows
+// < len by each warp from its own columns. og: o at the chunk's first token, column vbase; ld: its row
+// stride. Two staging tiles alternate: before the barrier, thread 0 waits until its earlier bulk stores
+// have read their tiles, so that after it the other tile may be rewritten.
+template <typename T>
+__device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t obuf, T* og, int64_t ld, int len,
+    uint64_t pol, void const* oMap, int vbase, int h, int t0, int warp, int lane)
+{
+    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 16 * warp + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        stsmX4T(obuf + swzOffset<kC>(16 * j + mrow, mcol), op[j][0], op[j][1], op[j][2], op[j][3]);
+    if (oMap != nullptr && len == kC)
+    {
+        fenceProxyAsync();  // written by the generic proxy, read by the copy engine
+        if (threadIdx.x == 0)
+            bulkWaitRead();
+        namedBarSync(1, 128);
+        if (threadIdx.x == 0)
+        {
+            tmaStore3d(oMap, obuf, vbase, h, t0, pol);
+            bulkCommit();
+        }
+        return;
+    }
+    __syncwarp();
+    int const col = 16 * warp + 8 * (lane & 1);
+#pragma unroll
+    for (int it = 0; it < 4; ++it)
+    {
+        int const r = (lane >> 1) + 16 * it;
+        if (r < len)
+        {
+            uint4 x;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                         : "r"(obuf + swzOffset<kC>(r, col)));
+            *reinterpret_cast<uint4*>(og + r * ld + col) = x;
+        }
+    }
+    if (threadIdx.x == 0)
+        bulkWaitRead();
+    namedBarSync(1, 128);
+}
+
+// The producer warp of both wgmma scans: chunk c into stage c % NS once the consumers have released chunk
+// c - NS (the stage's `empty` mbarrier). Beside the prep kernel (ws.ctl set), chunks cb .. cb + 7 (cb a
+// multiple of kReadyBlock) are loaded only after their block counter shows every prep item of the block
+// done (acquire loads by lane 0).
+template <typename T, int K, int NS>
+__device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs const& ws, ScanTmaMaps const& maps,
+    uint32_t st0, uint32_t full0, uint32_t empty0, int h, int hk, int vbase, int bos, int L, int id0, int lane)
+{
+    using SM = WgScanSmem<T, K, NS>;
+    using St = typename SM::Stage;
+    int const Hv = p.Hv, V = p.V, nch = (L + kC - 1) / kC;
+    int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
+    int* const consumed = ws.ctl ? consumedCounter(ws, p, hk, id0) : nullptr;
+    uint32_t phases = 0;
+    uint64_t const vPolicy = policyEvictFirst();  // v is read once
+    for (int c = 0; c < nch; ++c)
+    {
+        int const si = c % NS;
+        uint32_t const stAddr = st0 + si * uint32_t(sizeof(St)), full = full0 + 8u * si;
+        if (c >= NS)
+        {
+            mbarWait(empty0 + 8u * si, (phases >> si) & 1u);
+            phases ^= 1u << si;
+        }
+        if (ready != nullptr && c % kReadyBlock == 0)
+        {
+            if (lane == 0)
+            {
+                int const want = min(kReadyBlock, nch - c);
+                while (loadAcquire(ready + c) < want)
+                    __nanosleep(64);
+                fenceProxyAsyncGlobal();  // the prep's stores, read next by bulk copies
+                if (ws.throttle > 0)
+                    addRelease(consumed + c, 1);  // progress, for the prep's throttle
+            }
+            __syncwarp();
+        }
+        int const t0 = bos + c * kC, len = min(kC, L - c * kC);
+        int64_t const slot = (int64_t)(id0 + c) * Hv + h;
+        if (maps.use && len == kC)
+        {
+            if (lane == 0)
+            {
+                mbarArriveExpectTx(full, SM::kTmaBytes);
+#pragma unroll
+                for (int cb = 0; cb < K / 64; ++cb)
+                {
+                    tmaLoad3d(stAddr + offsetof(St, k) + cb * (kC * 128), &maps.k, 64 * cb, hk, t0, full);
+                    tmaLoad3d(stAddr + offsetof(St, q) + cb * (kC * 128), &maps.q, 64 * cb, hk, t0, full);
+                }
+                tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), full);
+                tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
+                tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
+                bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
+            }
+            continue;
+        }
+        int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K, qkRow = (int64_t)p.Hk * K;
+        issueSwzTileWarp<K>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len, lane);
+        issueSwzTileWarp<K>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len, lane);
+        issueSwzTileWarp<SM::VT>(stAddr + offsetof(St, v),
+            static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * Hv + h) * V + vbase, (int64_t)Hv * V, len, lane);
+        issueSwzTileWarp<kC>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC,
+            kC, lane);
+        issueSwzTileWarp<kC>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC),
+            kC, kC, lane);
+        issueFactors<32>(stAddr + offsetof(St, gq), ws, slot, lane);
+        cpAsyncCommit();
+        cpAsyncWaitAll();
+        fenceProxyAsync();  // written by the generic proxy, read by wgmma
+        __syncwarp();
+        if (lane == 0)
+            mbarArrive(full);
+    }
+}
+
 template <typename T, int K, int NS = kWgStages>
 __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
     GdnPrefillParams const p, ChunkWs const ws, __grid_constant__ ScanTmaMaps const maps)
@@ -173,72 +300,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
 
     if (warp == 4)
     {
-        // ---- producer: chunk c into stage c % NS once the math warps have released chunk c - NS. Beside
-        // the prep kernel (ws.ctl set), chunks cb .. cb + 7 (cb a multiple of kReadyBlock) are loaded only
-        // after their block counter shows every prep item of the block done (acquire loads by lane 0).
-        int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
-        int* const consumed = ws.ctl ? consumedCounter(ws, p, hk, id0) : nullptr;
-        uint32_t phases = 0;
-        uint64_t const vPolicy = policyEvictFirst();  // v is read once
-        for (int c = 0; c < nch; ++c)
-        {
-            int const si = c % NS;
-            uint32_t const stAddr = st0 + si * uint32_t(sizeof(St)), full = full0 + 8u * si;
-            if (c >= NS)
-            {
-                mbarWait(empty0 + 8u * si, (phases >> si) & 1u);
-                phases ^= 1u << si;
-            }
-            if (ready != nullptr && c % kReadyBlock == 0)
-            {
-                if (lane == 0)
-                {
-                    int const want = min(kReadyBlock, nch - c);
-                    while (loadAcquire(ready + c) < want)
-                        __nanosleep(64);
-                    fenceProxyAsyncGlobal();  // the prep's stores, read next by bulk copies
-                    if (ws.throttle > 0)
-                        addRelease(consumed + c, 1);  // progress, for the prep's throttle
-                }
-                __syncwarp();
-            }
-            int const t0 = bos + c * kC, len = min(kC, L - c * kC);
-            int64_t const slot = (int64_t)(id0 + c) * Hv + h;
-            if (maps.use && len == kC)
-            {
-                if (lane == 0)
-                {
-                    mbarArriveExpectTx(full, SM::kTmaBytes);
-#pragma unroll
-                    for (int cb = 0; cb < K / 64; ++cb)
-                    {
-                        tmaLoad3d(stAddr + offsetof(St, k) + cb * (kC * 128), &maps.k, 64 * cb, hk, t0, full);
-                        tmaLoad3d(stAddr + offsetof(St, q) + cb * (kC * 128), &maps.q, 64 * cb, hk, t0, full);
-                    }
-                    tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), full);
-                    tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
-                    tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
-                    bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
-                }
-                continue;
-            }
-            int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K, qkRow = (int64_t)p.Hk * K;
-            issueSwzTileWarp<K>(stAddr + offsetof(St, k), static_cast<uint16_t const*>(p.k) + qk0, qkRow, len, lane);
-            issueSwzTileWarp<K>(stAddr + offsetof(St, q), static_cast<uint16_t const*>(p.q) + qk0, qkRow, len, lane);
-            issueSwzTileWarp<SM::VT>(stAddr + offsetof(St, v),
-                static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * Hv + h) * V + vbase, (int64_t)Hv * V, len, lane);
-            issueSwzTileWarp<kC>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC,
-                kC, lane);
-            issueSwzTileWarp<kC>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC),
-                kC, kC, lane);
-            issueFactors<32>(stAddr + offsetof(St, gq), ws, slot, lane);
-            cpAsyncCommit();
-            cpAsyncWaitAll();
-            fenceProxyAsync();  // written by the generic proxy, read by wgmma
-            __syncwarp();
-            if (lane == 0)
-                mbarArrive(full);
-        }
+        wgScanProduce<T, K, NS>(p, ws, maps, st0, full0, empty0, h, hk, vbase, bos, L, id0, lane);
         return;
     }
 
@@ -247,22 +309,19 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
     float s[NKT][4];
     int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
     loadStateT(s, p.initialState, sbase, V, vw, lane);
-    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
-    uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
     int const vr = (lane & 7) + 8 * (lane >> 4), vc = 16 * warp + 8 * ((lane >> 3) & 1);
     uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + swzOffset<kC>(vr, vc);
     // o is written once: evicted first from L2 beside the prep (whose q, k and slots the scan reads next)
     uint64_t const oPolicy = ws.ctl != nullptr ? policyEvictFirst() : 0;
     // o of the previous chunk, packed (stored in the shadow of this chunk's state update)
     uint32_t op[4][4];
+    void const* const oMap = maps.use ? &maps.o : nullptr;
+    uint32_t const ob0 = smemAddr(&sm.ob[0][0]);
     auto storeO = [&](int cc)
     {
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            stsmX4T(aOut + 2u * (16 * j * SM::OS), op[j][0], op[j][1], op[j][2], op[j][3]);
-        storeStaged<T, SM::OS>(sm.out[warp], static_cast<T*>(p.o) + ((int64_t)(bos + cc * kC) * Hv + h) * V + vw,
-            (int64_t)Hv * V, min(kC, L - cc * kC), lane, oPolicy);
+        storeOChunk<T>(op, ob0 + (cc & 1) * uint32_t(sizeof(sm.ob[0])),
+            static_cast<T*>(p.o) + ((int64_t)(bos + cc * kC) * Hv + h) * V + vbase, (int64_t)Hv * V,
+            min(kC, L - cc * kC), oPolicy, oMap, vbase, h, bos + cc * kC, warp, lane);
     };
     uint32_t phases = 0;
     for (int c = 0; c < nch; ++c)
@@ -347,15 +406,12 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
             mbarArrive(empty0 + 8u * si);  // every read of the stage is done (the wgmma waited, the loads used)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-        {
-            op[j][0] = pack2<T>(oa[2 * j][0], oa[2 * j][1]);
-            op[j][1] = pack2<T>(oa[2 * j][2], oa[2 * j][3]);
-            op[j][2] = pack2<T>(oa[2 * j + 1][0], oa[2 * j + 1][1]);
-            op[j][3] = pack2<T>(oa[2 * j + 1][2], oa[2 * j + 1][3]);
-        }
+            accToA<T>(op[j], oa, j);
     }
     if (nch > 0)
         storeO(nch - 1);
+    if (threadIdx.x == 0)
+        bulkWaitAll();  // the bulk stores of o have completed
     storeStateT(s, p.finalState, sbase, V, vw, lane);
     // launched as the programmatic dependent of the prep kernel: end only after it has (so the work
     // after this kernel in the stream also follows the prep kernel)

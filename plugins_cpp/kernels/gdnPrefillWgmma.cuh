@@ -147,6 +147,47 @@ __device__ __forceinline__ void tmaLoad3d(
             : "memory");
 #endif
 }
+// Shared tile at src -> box (c0, c1, c2) of the 3-D tensor map `map`, as one bulk tensor store of the
+// calling thread's bulk group (L2 policy pol unless 0). The tile must be visible to the async proxy
+// (fenceProxyAsync by its writers, then a barrier) and stay unchanged until bulkWaitRead.
+__device__ __forceinline__ void tmaStore3d(void const* map, uint32_t src, int c0, int c1, int c2, uint64_t pol = 0)
+{
+#if GDN_WGMMA
+    if (pol != 0)
+        asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2, %3}], [%4], %5;\n"
+                     ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src), "l"(pol)
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map),
+            "r"(c0), "r"(c1), "r"(c2), "r"(src)
+            : "memory");
+#endif
+}
+__device__ __forceinline__ void bulkCommit()
+{
+#if GDN_WGMMA
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Until every bulk store this thread committed has read its shared source.
+__device__ __forceinline__ void bulkWaitRead()
+{
+#if GDN_WGMMA
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+// Until every bulk store this thread committed has completed (its writes done).
+__device__ __forceinline__ void bulkWaitAll()
+{
+#if GDN_WGMMA
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// Barrier `id` (1..15) of `threads` threads (a multiple of 32): warps of one role, not the whole CTA.
+__device__ __forceinline__ void namedBarSync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // `bytes` (a multiple of 16) contiguous bytes from src (16 B aligned).
 __device__ __forceinline__ void bulkLoad(uint32_t dst, void const* src, uint32_t bytes, uint32_t bar)
 {
