@@ -151,8 +151,8 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
 // bulk tensor store issued by thread 0 (the copy engine reads the tile and writes 128-byte rows; the warps
 // go on at once), else (the last, partial chunk of a sequence; no tensor maps) by 16-byte stores of rows
 // < len by each warp from its own columns. og: o at the chunk's first token, column vbase; ld: its row
-// stride. Two staging tiles alternate: before the barrier, thread 0 waits until its earlier bulk stores
-// have read their tiles, so that after it the other tile may be rewritten.
+// stride. Two staging tiles alternate: before the barrier (every call, either path), thread 0 waits until
+// its earlier bulk stores have read their tiles, so that after it the other tile may be rewritten.
 template <typename T>
 __device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t obuf, T* og, int64_t ld, int len,
     uint64_t pol, void const* oMap, int vbase, int h, int t0, int warp, int lane)
@@ -161,12 +161,14 @@ __device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t
 #pragma unroll
     for (int j = 0; j < 4; ++j)
         stsmX4T(obuf + swzOffset<kC>(16 * j + mrow, mcol), op[j][0], op[j][1], op[j][2], op[j][3]);
-    if (oMap != nullptr && len == kC)
-    {
+    bool const bulk = oMap != nullptr && len == kC;
+    if (bulk)
         fenceProxyAsync();  // written by the generic proxy, read by the copy engine
-        if (threadIdx.x == 0)
-            bulkWaitRead();
-        namedBarSync(1, 128);
+    if (threadIdx.x == 0)
+        bulkWaitRead();
+    namedBarSync(1, 128);
+    if (bulk)
+    {
         if (threadIdx.x == 0)
         {
             tmaStore3d(oMap, obuf, vbase, h, t0, pol);
@@ -174,7 +176,6 @@ __device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t
         }
         return;
     }
-    __syncwarp();
     int const col = 16 * warp + 8 * (lane & 1);
 #pragma unroll
     for (int it = 0; it < 4; ++it)
@@ -188,9 +189,6 @@ __device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t
             *reinterpret_cast<uint4*>(og + r * ld + col) = x;
         }
     }
-    if (threadIdx.x == 0)
-        bulkWaitRead();
-    namedBarSync(1, 128);
 }
 
 // The producer warp of both wgmma scans: chunk c into stage c % NS once the consumers have released chunk
