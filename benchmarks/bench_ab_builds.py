@@ -7,8 +7,10 @@ tree, or compile-time variants), interleaved round by round with FLA's chunk_gat
 Each build is loaded with ctypes under its own path; the prefill op (bf16, Hk=16, Hv=32, K=V=128, gates
 precomputed, q/k L2 norm) runs once per build on NaN-poisoned outputs and the outputs are compared with the
 first build's (the builds under test should agree bitwise when only scheduling changed). Then, per round,
-each build (order reversed every other round) is timed as the median of 20 CUDA-event-timed launches after
-3 warm-ups, and FLA as the median of 10. Prints every round and the median per build with FLA's median
+each build (order reversed every other round) is timed as the median of 20 launches after 3 warm-ups, with
+CUDA events around each launch and no host sync between them (GPU time: the host enqueues faster than the
+GPU runs), and FLA by its GPU time from the profiler (bench_kernels.gpu_busy_ms, median of 5 calls; its
+Python launch path takes ~1.2 ms of host time per call, so event timing with a sync would add host time). Prints every round and the median per build with FLA's median
 over it. --variant is the scan variant of gdnPrefillLaunchTunedC (1 after the prep, 3 beside it, 0 auto).
 Build a variant with e.g. GDN_BUILD_DIR=b_x CUDAFLAGS=-DFOO=1 scripts/build_kernels.sh 90a.
 """
@@ -38,7 +40,7 @@ def main() -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     import gdn_deploy.kernels as kernels  # (GDN_KERNELS_LIB or build/: the binding's types and helpers)
-    from bench_kernels import _fla, time_events
+    from bench_kernels import _fla, gpu_busy_ms, time_queued
 
     fns, libs = {}, []
     for spec in a.builds:
@@ -96,9 +98,9 @@ def main() -> int:
     for r in range(a.rounds):
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
             fn = fns[name]
-            res[name].append(time_events(lambda fn=fn: fn(ctypes.byref(p), stream, a.variant), reps=20, warmup=3))
+            res[name].append(time_queued(lambda fn=fn: fn(ctypes.byref(p), stream, a.variant), reps=20, warmup=3))
         if fla is not None:
-            res["FLA"].append(time_events(fla, reps=10, warmup=2))
+            res["FLA"].append(gpu_busy_ms(fla, reps=5))
     for name, t in res.items():
         if t:
             md = statistics.median(t)

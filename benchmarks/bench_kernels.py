@@ -10,6 +10,12 @@ bf16 matmul TFLOP/s on random data), then:
   Reports us/call, GB/s, fraction of copy bandwidth, speedup vs FLA.
 - prefill (packed varlen): ours (when the prefill kernel is built), FLA chunk_gated_delta_rule with
   cu_seqlens; reports ms, fraction of the bandwidth floor and of matmul throughput, speedup vs FLA.
+  ms is GPU time: per call, the union of the device intervals recorded by the torch profiler (kernels
+  that overlap count once; host launch latency and GPU idle gaps excluded), median of 7 calls; FLA's
+  Python launches ~1.1-1.3 ms of host work per call, more than its GPU time below 1x16K, so timing
+  with host sync would credit us with FLA's host overhead. Also reported: ms_sync (CUDA events around
+  each call on an idle GPU, host launch latency included; the earlier method) and, for ours, ms_graph
+  (one CUDA-graph replay), which should agree with ms.
 Every case also compares our output with FLA's (rel err) to show the same function is timed.
 Results: CSV + JSON in --out (default $OUT if set, else results/).
 """
@@ -60,6 +66,22 @@ def time_events(fn, reps=10, warmup=2) -> float:
     return statistics.median(ts)
 
 
+def time_queued(fn, reps=20, warmup=3) -> float:
+    """Median milliseconds of fn() from CUDA events recorded around each call with no host sync between the
+    calls: while the host enqueues faster than the GPU runs, each pair measures GPU time alone (no launch
+    latency on an idle GPU). Not for functions whose host work exceeds their GPU time (FLA below 1x16K)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
 def time_graph(calls, reps=20) -> float:
     """Capture all `calls` (one per rotating buffer set) in one CUDA graph; median ms per call."""
     st = torch.cuda.Stream()
@@ -74,6 +96,58 @@ def time_graph(calls, reps=20) -> float:
         for c in calls:
             c()
     return time_events(g.replay, reps=reps, warmup=3) / len(calls)
+
+
+def gpu_busy_ms(fn, reps=7) -> float | None:
+    """Median GPU time of one call of fn: the union of the device intervals (kernels, memsets, copies) that
+    the torch profiler (CUPTI) records for the call, so host launch latency and gaps while the GPU waits
+    on the host are excluded and kernels that overlap count once. Each call is profiled on its own after a
+    synchronize. None when the profiler is unavailable."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        torch.cuda.synchronize()
+        per_call = []
+        for _ in range(reps):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            iv = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                        if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+            total, cur = 0, None
+            for a, b in iv:
+                if cur is None or a > cur[1]:
+                    total += 0 if cur is None else cur[1] - cur[0]
+                    cur = [a, b]
+                else:
+                    cur[1] = max(cur[1], b)
+            total += 0 if cur is None else cur[1] - cur[0]
+            if total > 0:
+                per_call.append(total / 1e3)
+        return statistics.median(per_call) if per_call else None
+    except Exception as e:  # noqa: BLE001
+        log(f"  gpu_busy_ms failed: {type(e).__name__}: {e}")
+        return None
+
+
+def time_graph_one(fn, reps=20) -> float | None:
+    """Median ms of one CUDA-graph replay of fn (captured after a warm-up on a side stream); None when fn
+    cannot be captured (e.g. it synchronises with the host)."""
+    try:
+        st = torch.cuda.Stream()
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            fn()
+        torch.cuda.current_stream().wait_stream(st)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return time_events(g.replay, reps=reps, warmup=3)
+    except Exception as e:  # noqa: BLE001
+        torch.cuda.synchronize()
+        log(f"  graph capture failed: {type(e).__name__}: {str(e)[:120]}")
+        return None
 
 
 def kernel_us(calls, pattern: str) -> float | None:
@@ -276,7 +350,7 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
         beta = torch.rand(T, Hv, device="cuda", generator=gen)
         cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
         h0 = 0.1 * r(N, Hv, K, V)
-        res, o_ours = {}, None
+        res, sync, graph, o_ours = {}, {}, {}, None  # GPU ms (primary), per-call ms with sync, graph replay
         if have_ours:
             L = kernels.launch
             o = torch.empty_like(v)
@@ -285,8 +359,12 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
                                  l2norm_eps=1e-6)
             nb = L.prefill_workspace_bytes(kernels.LIB, p)
             ws = torch.empty(nb, dtype=torch.uint8, device="cuda") if nb else None
+            def ours():
+                L.launch_prefill(kernels.LIB, p, ws, q.device)
             try:
-                res["ours"] = time_events(lambda: L.launch_prefill(kernels.LIB, p, ws, q.device), reps=10)
+                res["ours"] = gpu_busy_ms(ours)
+                sync["ours"] = time_events(ours, reps=10)
+                graph["ours"] = time_graph_one(ours)
                 o_ours, s_ours = o.clone(), fs.clone()
             except Exception as e:  # noqa: BLE001
                 log(f"  [{name}] ours failed: {type(e).__name__}: {e}")
@@ -298,7 +376,8 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
                                  output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu64)
             try:
                 fo, fsf = fla()
-                res["fla"] = time_events(fla, reps=10)
+                res["fla"] = gpu_busy_ms(fla)
+                sync["fla"] = time_events(fla, reps=10)
                 if o_ours is not None:
                     log(f"  [{name}] ours vs FLA: o {rel_err(o_ours, fo[0]):.2e} state {rel_err(s_ours, fsf):.2e}")
             except Exception as e:  # noqa: BLE001
@@ -306,14 +385,23 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
         nbytes, flops = prefill_bytes(T, N, Hk, Hv, K, V), prefill_flops(T, Hv, K, V)
         bw_floor = nbytes / (ceil["copy_GBps"] * 1e9) * 1e3
         mm_floor = flops / (ceil["matmul_bf16_TFLOPs"] * 1e12) * 1e3
+        res = {i: ms for i, ms in res.items() if ms}
         for impl, ms in res.items():
             row = dict(section="prefill", case=name, impl=impl, ms=ms, tokens=T, bytes=nbytes, flops=flops,
                        frac_bw_floor=bw_floor / ms, frac_tensor=mm_floor / ms, floor_ms=max(bw_floor, mm_floor))
+            if impl in sync:
+                row["ms_sync"] = sync[impl]
+            if graph.get(impl):
+                row["ms_graph"] = graph[impl]
             if "fla" in res:
                 row["speedup_vs_fla"] = res["fla"] / ms
+                if impl in sync and "fla" in sync:
+                    row["speedup_vs_fla_sync"] = sync["fla"] / sync[impl]
             ROWS.append(row)
-        log(f"[prefill {name}] T={T} floor bw {bw_floor:.3f}ms tensor {mm_floor:.3f}ms  " +
-            "  ".join(f"{i}={ms:.3f}ms" for i, ms in res.items()))
+        log(f"[prefill {name}] T={T} floor bw {bw_floor:.3f}ms tensor {mm_floor:.3f}ms  GPU time " +
+            "  ".join(f"{i}={ms:.3f}ms" for i, ms in res.items()) + "  | per call with sync " +
+            "  ".join(f"{i}={ms:.3f}ms" for i, ms in sync.items()) +
+            ("  | ours graph replay {:.3f}ms".format(graph["ours"]) if graph.get("ours") else ""))
         del q, k, v, g, beta, h0
         torch.cuda.empty_cache()
 
@@ -339,8 +427,10 @@ def summary():
                 + (f"  x{r['speedup_vs_fla']:.2f} vs FLA" if "speedup_vs_fla" in r else "")
                 + (f"  (kernel alone {r['kernel_us']:.2f} us)" if "kernel_us" in r else ""))
         elif r["section"] == "prefill":
-            log(f"prefill {r['case']:<22} {r['impl']:<10} {r['ms']:8.3f} ms  bw-floor {r['frac_bw_floor']:.2f} "
-                f"tensor {r['frac_tensor']:.2f}" + (f"  x{r['speedup_vs_fla']:.2f} vs FLA" if "speedup_vs_fla" in r else ""))
+            log(f"prefill {r['case']:<22} {r['impl']:<10} {r['ms']:8.3f} ms GPU  bw-floor {r['frac_bw_floor']:.2f} "
+                f"tensor {r['frac_tensor']:.2f}" + (f"  x{r['speedup_vs_fla']:.2f} vs FLA" if "speedup_vs_fla" in r else "")
+                + (f"  | with sync {r['ms_sync']:.3f} ms" if "ms_sync" in r else "")
+                + (f" x{r['speedup_vs_fla_sync']:.2f}" if "speedup_vs_fla_sync" in r else ""))
 
 
 def main(argv=None):

@@ -9,7 +9,8 @@ device; K = 256 falls back to 4), loading tiles by bulk tensor copies; 5 / 7 = 1
 2 or 4 = mma.sync scan with that many warps per CTA (V-tile 16 x warps); 0 = the automatic pick.
 Correctness: fresh random inputs per check, NaN-poisoned outputs and 0xFF-poisoned workspace, rel err
 vs the float64 chunked reference <= the spec tolerance (1e-2 for 16-bit I/O). Exit status 1 on a failure.
-Timing: median of 20 CUDA-event-timed launches after 3 warm-ups; the 1x64K case also prints the
+Timing: median of 20 launches after 3 warm-ups, CUDA events around each and no host sync between them
+(GPU time; bench_kernels.time_queued); the 1x64K case also prints the
 per-kernel split (prep / scan) from the torch profiler for each variant.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu")]
 kernels = None  # gdn_deploy.kernels, imported in main() (needs a CUDA device)
-from bench_kernels import time_events  # noqa: E402  (benchmarks/bench_kernels.py)
+from bench_kernels import time_queued  # noqa: E402  (benchmarks/bench_kernels.py)
 from conftest import make_prefill_inputs, rel_err  # noqa: E402  (tests/conftest.py)
 from gdn_deploy.reference import prefill_ref  # noqa: E402
 from gdn_deploy.validate import tolerance_for  # noqa: E402
@@ -108,7 +109,7 @@ def time_case(fn, name, variants):
     for v in variants:
         def run(v=v):
             assert fn(ctypes.byref(p), s, v) == 0
-        row.append(f"v{v}: {time_events(run, reps=20, warmup=3):.3f}")
+        row.append(f"v{v}: {time_queued(run, reps=20, warmup=3):.3f}")
         if name == "1x64K":
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <atomic>
 #include <cstdint>
 
 namespace gdn
@@ -268,24 +269,25 @@ __host__ __device__ constexpr int ceilDiv(int a, int b)
 
 // ---------------------------------------------------------------------------------------------
 // host: attribute A of the current device, queried once per device (a device query, not a stream
-// operation: safe while a graph is being captured); `fallback` when the query fails
+// operation: safe while a graph is being captured; atomics: safe from several host threads); `fallback`
+// when the query fails
 // ---------------------------------------------------------------------------------------------
 template <cudaDeviceAttr A>
 int cachedDeviceAttribute(int fallback)
 {
     constexpr int kMaxDevices = 64;
-    static int value[kMaxDevices];
-    static bool known[kMaxDevices];
+    static std::atomic<int> value[kMaxDevices] = {};
+    static std::atomic<bool> known[kMaxDevices] = {};
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices)
         return fallback;
-    if (!known[dev])
+    if (!known[dev].load(std::memory_order_acquire))
     {
         int v = 0;
-        value[dev] = cudaDeviceGetAttribute(&v, A, dev) == cudaSuccess ? v : fallback;
-        known[dev] = true;
+        value[dev].store(cudaDeviceGetAttribute(&v, A, dev) == cudaSuccess ? v : fallback, std::memory_order_relaxed);
+        known[dev].store(true, std::memory_order_release);  // (two threads may both query: same value)
     }
-    return value[dev];
+    return value[dev].load(std::memory_order_relaxed);
 }
 
 // Multiprocessor count of the current device (cached per device; capture-safe).

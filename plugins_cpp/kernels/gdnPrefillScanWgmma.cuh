@@ -31,7 +31,9 @@
 // at delta so that the state's pack and scaling overlap O2 (5% slower, notes v10), o copied to global
 // memory by the producer warp (LDS + STG: ~2 us per tile for one warp, much slower); a second warpgroup
 // computing W = Tm' diag(e^G rk) k so that delta = U - W S leaves the chain (equal after the prep, slower
-// beside it, v11), o staged in the stage's v tile (4% slower, v11).
+// beside it, v11), o staged in the stage's v tile (4% slower, v11), the state's K columns split over two
+// math warpgroups (P and O1 partials summed through shared memory: 1.8x slower, the scalar work per chunk
+// does not split, v12).
 // v (read once) and, beside the prep, o are streamed with an L2 evict-first policy.
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
