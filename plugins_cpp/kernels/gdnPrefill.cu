@@ -10,6 +10,7 @@
 #include "gdnCommon.cuh"
 #include "gdnKernels.h"
 #include "gdnPrefillChunked.cuh"
+#include "gdnPrefillPrep.cuh"
 #include "gdnPrefillScanWgmma.cuh"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (through the runtime's driver entry point: no -lcuda)
