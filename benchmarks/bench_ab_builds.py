@@ -41,6 +41,7 @@ def main() -> int:
         return 2
     import gdn_deploy.kernels as kernels  # (GDN_KERNELS_LIB or build/: the binding's types and helpers)
     from bench_kernels import _fla, gpu_busy_ms, time_queued
+    from bench_prefill_variants import qwen3next_inputs
 
     fns, libs = {}, []
     for spec in a.builds:
@@ -53,16 +54,7 @@ def main() -> int:
         fn.argtypes = [ctypes.POINTER(kernels.GdnPrefillParams), ctypes.c_void_p, ctypes.c_int]
         fns[name] = fn
         libs.append(lib)
-    lens = CASES[a.case]
-    T, N, Hk, Hv, K, V = sum(lens), len(lens), 16, 32, 128, 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    d = {"q": torch.randn(T, Hk, K, device="cuda", dtype=torch.bfloat16, generator=g),
-         "k": torch.randn(T, Hk, K, device="cuda", dtype=torch.bfloat16, generator=g),
-         "v": torch.randn(T, Hv, V, device="cuda", dtype=torch.bfloat16, generator=g),
-         "g": -torch.rand(T, Hv, device="cuda", generator=g) * 0.5,
-         "beta": torch.rand(T, Hv, device="cuda", generator=g),
-         "cu_seqlens": torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda"),
-         "initial_state": torch.randn(N, Hv, K, V, device="cuda") * 0.1}
+    d = qwen3next_inputs(CASES[a.case])
     o, fin = torch.empty_like(d["v"]), torch.empty_like(d["initial_state"])
     L = kernels.launch
     p = L.prefill_params(d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu_seqlens"], d["initial_state"], o, fin,

@@ -134,16 +134,7 @@ def time_graph_one(fn, reps=20) -> float | None:
     """Median ms of one CUDA-graph replay of fn (captured after a warm-up on a side stream); None when fn
     cannot be captured (e.g. it synchronises with the host)."""
     try:
-        st = torch.cuda.Stream()
-        st.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(st):
-            fn()
-        torch.cuda.current_stream().wait_stream(st)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return time_events(g.replay, reps=reps, warmup=3)
+        return time_graph([fn], reps=reps)
     except Exception as e:  # noqa: BLE001
         torch.cuda.synchronize()
         log(f"  graph capture failed: {type(e).__name__}: {str(e)[:120]}")

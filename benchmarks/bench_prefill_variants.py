@@ -92,16 +92,23 @@ def check(fn, variant, seed, case):
     return eo <= tol and es <= tol, f"o {eo:.2e} state {es:.2e}"
 
 
-def time_case(fn, name, variants):
-    lens = CASES[name]
+def qwen3next_inputs(lens):
+    """Timing inputs on the GPU for sequences of lengths lens: bf16 q, k, v at Hk=16, Hv=32, K=V=128, fp32
+    gates g in (-0.5, 0], beta in [0, 1), an initial state (seed 0; also used by bench_ab_builds.py)."""
     T, N, Hk, Hv, K, V = sum(lens), len(lens), 16, 32, 128, 128
     g = torch.Generator(device=DEV).manual_seed(0)
-    d = {"q": torch.randn(T, Hk, K, device=DEV, dtype=torch.bfloat16, generator=g),
-         "k": torch.randn(T, Hk, K, device=DEV, dtype=torch.bfloat16, generator=g),
-         "v": torch.randn(T, Hv, V, device=DEV, dtype=torch.bfloat16, generator=g),
-         "g": -torch.rand(T, Hv, device=DEV, generator=g) * 0.5, "beta": torch.rand(T, Hv, device=DEV, generator=g),
-         "cu_seqlens": torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV),
-         "initial_state": torch.randn(N, Hv, K, V, device=DEV) * 0.1}
+    return {"q": torch.randn(T, Hk, K, device=DEV, dtype=torch.bfloat16, generator=g),
+            "k": torch.randn(T, Hk, K, device=DEV, dtype=torch.bfloat16, generator=g),
+            "v": torch.randn(T, Hv, V, device=DEV, dtype=torch.bfloat16, generator=g),
+            "g": -torch.rand(T, Hv, device=DEV, generator=g) * 0.5, "beta": torch.rand(T, Hv, device=DEV, generator=g),
+            "cu_seqlens": torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV),
+            "initial_state": torch.randn(N, Hv, K, V, device=DEV) * 0.1}
+
+
+def time_case(fn, name, variants):
+    lens = CASES[name]
+    T, N = sum(lens), len(lens)
+    d = qwen3next_inputs(lens)
     o, fin = torch.empty_like(d["v"]), torch.empty_like(d["initial_state"])
     p, ws = setup(d, dict(gate_mode=0, use_qk_l2norm=1, scale=0.0, l2norm_eps=1e-6), o, fin)
     s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

@@ -13,28 +13,17 @@ span (first device start to last end, including host gaps under the profiler) / 
 times; ours overlap, so busy > span is possible) / number of device activities, with the last call's
 kernels (name, start, duration). bench_kernels.py reports the union of the device intervals (GPU time).
 """
-import ctypes, statistics, sys, time
+import statistics, sys, time
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # noqa: E402
 import torch
 import gdn_deploy.kernels as kernels
-from bench_kernels import _fla, time_events
+from bench_kernels import _fla, time_events, time_queued as queued
 from torch.profiler import ProfilerActivity, profile
 
 fla_chunk = _fla()[0]
 L = kernels.launch
-
-
-def queued(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record(); fn(); e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
 def spans(fn, reps=5):
