@@ -21,19 +21,20 @@
 // no CTA barrier per chunk. Each chunk's o is packed at the chunk's end and stored in the shadow of the
 // next chunk's state update, where the warps would otherwise wait for the tensor cores: stmatrix.trans
 // into a swizzled staging tile, then one bulk tensor store of the 64x64 tile by thread 0 (storeOChunk).
-// Measured (benchmarks/notes_prefill.md): the producer warp took the scan from 1.47 to 1.28 ms at 1x64K,
-// the deferred o store to 1.25 ms, the bulk o store (instead of per-warp 16-byte stores) 1.29 -> 1.20 ms
-// (v11). Measured and dropped: a second warpgroup for the O products, a cp.async loader warp with named
-// barriers (v5), m64n48/32/16 products that skip the zero blocks of the triangular Tm' and Aqk (ptxas then
-// serialises every wgmma), O1 in two halves around delta, per-warp bulk stores of o (32-byte rows), v and
-// the X factors read in P's shadow; beside the prep, dropping each workspace slot's L2 lines once read
-// (discard.global.L2: the producer became the bottleneck) and a ring of reused slots; the chunk loop turned
-// at delta so that the state's pack and scaling overlap O2 (5% slower, notes v10), o copied to global
-// memory by the producer warp (LDS + STG: ~2 us per tile for one warp, much slower); a second warpgroup
-// computing W = Tm' diag(e^G rk) k so that delta = U - W S leaves the chain (equal after the prep, slower
-// beside it, v11), o staged in the stage's v tile (4% slower, v11), the state's K columns split over two
-// math warpgroups (P and O1 partials summed through shared memory: 1.8x slower, the scalar work per chunk
-// does not split, v12).
+// Measured (benchmarks/notes_prefill.md): the producer warp took the scan from 1.47 to 1.28 ms at 1x64K, the deferred o
+// store to 1.25 ms, the bulk o store (instead of per-warp 16-byte stores) 1.29 -> 1.20 ms (v11); 718 -> 622
+// instructions per chunk (32-bit descriptor words, one stmatrix lane base, the unpack): 1.14 ms after the prep, 1.34 ->
+// 1.30 beside it (v13). Measured and dropped: a second warpgroup for the O products, a cp.async loader warp with named
+// barriers (v5), m64n48/32/16 products that skip the zero blocks of the triangular Tm' and Aqk (ptxas then serialises
+// every wgmma), O1 in two halves around delta, per-warp bulk stores of o (32-byte rows), v and the X factors read in
+// P's shadow; beside the prep, dropping each workspace slot's L2 lines once read (discard.global.L2: the producer
+// became the bottleneck) and a ring of reused slots; the chunk loop turned at delta so that the state's pack and
+// scaling overlap O2 (5% slower, notes v10), o copied to global memory by the producer warp (LDS + STG: ~2 us per tile
+// for one warp, much slower); a second warpgroup computing W = Tm' diag(e^G rk) k so that delta = U - W S leaves the
+// chain (equal after the prep, slower beside it, v11), o staged in the stage's v tile (4% slower, v11), the state's K
+// columns split over two math warpgroups (P and O1 partials summed through shared memory: 1.8x slower, the scalar work
+// per chunk does not split, v12); O2 issued before S, the o store's fence and barrier after the S/O2 wait, the next
+// stage's mbarrier tested early, two chunks' o per barrier (v13).
 // v (read once) and, beside the prep, o are streamed with an L2 evict-first policy.
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
@@ -107,7 +108,9 @@ __device__ __forceinline__ float2 unpack2(uint32_t r);
 template <>
 __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t r)
 {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&r));
+    // a bf16 is the high half of an fp32: one shift and one mask (the intrinsic spent a permute and a
+    // multiply on the high half)
+    return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
 }
 template <>
 __device__ __forceinline__ float2 unpack2<__half>(uint32_t r)
@@ -149,20 +152,22 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
 
 // o of one chunk from the math warpgroup (threads 0-127; every thread calls it): each warp's packed o^T
 // (op[j]: accToA of the accumulators' k16 step j) stmatrix.trans'd into the swizzled [64 tokens][64 values]
-// staging tile at obuf (the layout of the tensor map's box), then a full chunk with a tensor map by one
-// bulk tensor store issued by thread 0 (the copy engine reads the tile and writes 128-byte rows; the warps
-// go on at once), else (the last, partial chunk of a sequence; no tensor maps) by 16-byte stores of rows
-// < len by each warp from its own columns. og: o at the chunk's first token, column vbase; ld: its row
-// stride. Two staging tiles alternate: before the barrier (every call, either path), thread 0 waits until
-// its earlier bulk stores have read their tiles, so that after it the other tile may be rewritten.
+// staging tile at obuf (the layout of the tensor map's box; rows 16 j + r have the swizzle phase of row r,
+// 2 KB further per j), then a full chunk with a tensor map by one bulk tensor store issued by thread 0 (the
+// copy engine reads the tile and writes 128-byte rows; the warps go on at once), else (the last, partial
+// chunk of a sequence; no tensor maps) by 16-byte stores of rows < len by each warp from its own columns.
+// og: o at the chunk's first token, column vbase; ld: its row stride. Two staging tiles alternate: before
+// the barrier (every call, either path), thread 0 waits until its earlier bulk stores have read their
+// tiles, so that after it the other tile may be rewritten. (Storing two chunks per barrier from four
+// staging tiles was measured: no faster, notes v13.)
 template <typename T>
 __device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t obuf, T* og, int64_t ld, int len,
     uint64_t pol, void const* oMap, int vbase, int h, int t0, int warp, int lane)
 {
-    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 16 * warp + 8 * ((lane >> 3) & 1);
+    uint32_t const lb = obuf + swzOffset<kC>(8 * (lane >> 4) + (lane & 7), 16 * warp + 8 * ((lane >> 3) & 1));
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-        stsmX4T(obuf + swzOffset<kC>(16 * j + mrow, mcol), op[j][0], op[j][1], op[j][2], op[j][3]);
+        stsmX4T(lb + 2048u * j, op[j][0], op[j][1], op[j][2], op[j][3]);
     bool const bulk = oMap != nullptr && len == kC;
     if (bulk)
         fenceProxyAsync();  // written by the generic proxy, read by the copy engine

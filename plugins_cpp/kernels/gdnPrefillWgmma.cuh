@@ -41,25 +41,35 @@ __host__ __device__ constexpr uint32_t swzOffset(int r, int c)
         + (c & 7) * 2);
 }
 
-// Descriptor of a 128-byte-swizzled operand starting at shared address `addr`.
-__device__ __forceinline__ uint64_t makeDesc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand: bits 0-13 start address >> 4, 16-29
+// LBO >> 4, 32-45 SBO >> 4, 62-63 the swizzle mode (1: 128 B). Built from its two 32-bit words: the low
+// word (address and LBO) by 32-bit adds, the high word (SBO and mode) a compile-time constant. (Adding
+// the k16 step offsets to a 64-bit descriptor cost an add with carry and a second move per wgmma.)
+template <uint32_t HI>
+__device__ __forceinline__ uint64_t descWords(uint32_t lo)
 {
-    return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t((lbo >> 4) & 0x3FFF) << 16)
-        | (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+    uint64_t d;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(HI));
+    return d;
 }
-// K-major B, k16 step kk, of a swizzled [R][*] tile at `tile`. The step offset is added to the
-// descriptor's address field (addr >> 4, 14 bits: shared addresses stay below 256 KB, no carry), so
-// the descriptor of the tile is built once and each step costs one add.
+// The descriptor of the operand at shared address addr + off (below 256 KB: the 14-bit address field
+// cannot carry into the LBO field).
+template <uint32_t LBO, uint32_t SBO>
+__device__ __forceinline__ uint64_t descAt(uint32_t addr, uint32_t off)
+{
+    return descWords<((SBO >> 4) & 0x3FFF) | (1u << 30)>((addr >> 4) + (((LBO >> 4) & 0x3FFF) << 16) + (off >> 4));
+}
+// K-major B, k16 step kk, of a swizzled [R][*] tile at `tile`.
 template <int R>
 __device__ __forceinline__ uint64_t descKMajor(uint32_t tile, int kk)
 {
-    return makeDesc(tile, 16, 1024) + uint64_t(((kk >> 2) * (R / 8) * 1024 + (kk & 3) * 32) >> 4);
+    return descAt<16, 1024>(tile, (kk >> 2) * (R / 8) * 1024 + (kk & 3) * 32);
 }
 // MN-major B (rows are K), k16 step kk, of a swizzled [R][*] tile at `tile`
 template <int R>
 __device__ __forceinline__ uint64_t descMNMajor(uint32_t tile, int kk)
 {
-    return makeDesc(tile, R * 128, 1024) + uint64_t(kk * (2048 >> 4));
+    return descAt<R * 128, 1024>(tile, kk * 2048);
 }
 
 __device__ __forceinline__ void wgFence()
