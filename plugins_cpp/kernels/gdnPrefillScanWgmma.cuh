@@ -118,10 +118,17 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t r)
     return __half22float2(*reinterpret_cast<__half2 const*>(&r));
 }
 
+// Byte offset in a swizzled [64][64] 16-bit tile of this lane's row address for the first of four x4
+// ldmatrix/stmatrix (.trans) ops over the warp's 16 columns: row (lane & 7) + 8 (lane >> 4), column
+// 16 warp + 8 ((lane >> 3) & 1). Op j adds 2048 j (rows 16 apart: 2 KB, the same swizzle phase).
+__device__ __forceinline__ uint32_t x4LaneOffset(int warp, int lane)
+{
+    return swzOffset<kC>((lane & 7) + 8 * (lane >> 4), 16 * warp + 8 * ((lane >> 3) & 1));
+}
+
 // X = v - e^G rk P with the warp's v columns read by ldmatrix.trans straight into the accumulator
-// layout (matrix m of an x4: n8 blocks j + m/2, column half m%2); vLane: this lane's row address
-// of the first x4 (row (lane & 7) + 8 (lane >> 4), column 8 ((lane >> 3) & 1) of the warp's 16) in
-// the swizzled v tile (rows 16 apart: 2 KB apart, same swizzle).
+// layout (matrix m of an x4: n8 blocks j + m/2, column half m%2); vLane: the v tile's address plus
+// x4LaneOffset.
 template <typename T>
 __device__ __forceinline__ void applyXld(float (&pa)[8][4], float const (&gq)[kC][4], uint32_t vLane, int lane)
 {
@@ -150,21 +157,20 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
         Wgmma<T, 64, 0>::run(acc, a[kk], descKMajor<kC>(tile, kk), (accumulate || kk) ? 1 : 0);
 }
 
-// o of one chunk from the math warpgroup (threads 0-127; every thread calls it): each warp's packed o^T
-// (op[j]: accToA of the accumulators' k16 step j) stmatrix.trans'd into the swizzled [64 tokens][64 values]
-// staging tile at obuf (the layout of the tensor map's box; rows 16 j + r have the swizzle phase of row r,
-// 2 KB further per j), then a full chunk with a tensor map by one bulk tensor store issued by thread 0 (the
-// copy engine reads the tile and writes 128-byte rows; the warps go on at once), else (the last, partial
-// chunk of a sequence; no tensor maps) by 16-byte stores of rows < len by each warp from its own columns.
-// og: o at the chunk's first token, column vbase; ld: its row stride. Two staging tiles alternate: before
-// the barrier (every call, either path), thread 0 waits until its earlier bulk stores have read their
-// tiles, so that after it the other tile may be rewritten. (Storing two chunks per barrier from four
-// staging tiles was measured: no faster, notes v13.)
+// o of one chunk from the math warpgroup (threads 0-127; every thread calls it): each warp's packed o^T (op[j]:
+// accToA of the accumulators' k16 step j) stmatrix.trans'd into the swizzled [64 tokens][64 values] staging tile
+// at obuf (the layout of the tensor map's box; addresses from x4LaneOffset), then a full chunk with a tensor map
+// by one bulk tensor store issued by thread 0 (the copy engine reads the tile and writes 128-byte rows; the
+// warps go on at once), else (the last, partial chunk of a sequence; no tensor maps) by 16-byte stores of rows <
+// len by each warp from its own columns. og: o at the chunk's first token, column vbase; ld: its row stride. Two
+// staging tiles alternate: before the barrier (every call, either path), thread 0 waits until its earlier bulk
+// stores have read their tiles, so that after it the other tile may be rewritten. (Storing two chunks per
+// barrier from four staging tiles was measured: no faster, notes v13.)
 template <typename T>
 __device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t obuf, T* og, int64_t ld, int len,
     uint64_t pol, void const* oMap, int vbase, int h, int t0, int warp, int lane)
 {
-    uint32_t const lb = obuf + swzOffset<kC>(8 * (lane >> 4) + (lane & 7), 16 * warp + 8 * ((lane >> 3) & 1));
+    uint32_t const lb = obuf + x4LaneOffset(warp, lane);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
         stsmX4T(lb + 2048u * j, op[j][0], op[j][1], op[j][2], op[j][3]);
@@ -314,8 +320,7 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
     float s[NKT][4];
     int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
     loadStateT(s, p.initialState, sbase, V, vw, lane);
-    int const vr = (lane & 7) + 8 * (lane >> 4), vc = 16 * warp + 8 * ((lane >> 3) & 1);
-    uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + swzOffset<kC>(vr, vc);
+    uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + x4LaneOffset(warp, lane);
     // o is written once: evicted first from L2 beside the prep (whose q, k and slots the scan reads next)
     uint64_t const oPolicy = ws.ctl != nullptr ? policyEvictFirst() : 0;
     // o of the previous chunk, packed (stored in the shadow of this chunk's state update)
