@@ -202,7 +202,7 @@ bool isHeadDim(int d)
 }
 
 // Scan variants: 1 = one warpgroup, wgmma (sm_90a), after the prep kernel; 3 = the same scan launched
-// beside a persistent prep kernel (programmatic dependent launch, ready counters per 8 chunks); 2 / 4 =
+// beside a persistent prep kernel (programmatic dependent launch, ready counters per kReadyBlock chunks); 2 / 4 =
 // mma.sync with that many warps per CTA. The wgmma scan loads its tiles by bulk tensor copies where
 // the tensor maps encode; 1 + kNoTma and 3 + kNoTma force its cp.async loads (the fallback, for tests).
 constexpr int kScanWgmma = 1;

@@ -205,8 +205,8 @@ __device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t
 }
 
 // The producer warp of both wgmma scans: chunk c into stage c % NS once the consumers have released chunk
-// c - NS (the stage's `empty` mbarrier). Beside the prep kernel (ws.ctl set), chunks cb .. cb + 7 (cb a
-// multiple of kReadyBlock) are loaded only after their block counter shows every prep item of the block
+// c - NS (the stage's `empty` mbarrier). Beside the prep kernel (ws.ctl set), chunks cb .. cb + kReadyBlock - 1 (cb
+// a multiple of kReadyBlock) are loaded only after their block counter shows every prep item of the block
 // done (acquire loads by lane 0).
 template <typename T, int K, int NS>
 __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs const& ws, ScanTmaMaps const& maps,
