@@ -67,8 +67,9 @@ struct ChunkWs
 };
 
 // Chunks per ready counter (one acquire load per block in the scan's producer warp) and per progress
-// counter of the prep's throttle. H100, 1x64K beside the prep, same-process A/B (7 rounds, notes v14): 8 ->
-// 1.298 ms, 4 -> 1.277 (faster in every round; 1x16K 0.348 -> 0.340), 2 -> 1.331, 1 -> 1.544.
+// counter of the prep's throttle. H100, 1x64K beside the prep, same-process A/Bs (notes v14): 8 -> 4 chunks
+// 1.294 -> 1.278 ms (9 rounds, faster in every round; 1x16K 0.347 -> 0.340); in an earlier A/B (7 rounds,
+// 8 chunks 1.298 ms) 2 chunks 1.331, 1 chunk 1.544.
 constexpr int kReadyBlock = 4;
 constexpr int kCtlSmIds = 1024;  // per-SM role slots (%smid beyond them: a worker SM)
 constexpr int kCtlInts = 2 + kCtlSmIds;  // ints of the control block ahead of the ready counters
