@@ -35,7 +35,12 @@
 // columns split over two math warpgroups (P and O1 partials summed through shared memory: 1.8x slower, the scalar work
 // per chunk does not split, v12); O2 issued before S, the o store's fence and barrier after the S/O2 wait, the next
 // stage's mbarrier tested early, two chunks' o per barrier (v13).
-// v (read once) and, beside the prep, o are streamed with an L2 evict-first policy.
+// v (read once) and, beside the prep, o are streamed with an L2 evict-first policy; beside the prep the producer
+// also prefetches v of chunk c + kL2Ahead into L2 (the other tiles are there already: 1x64K 1.28 -> 1.25 ms, v15).
+// Measured and dropped (v15): every tile prefetched after the prep (16x1K 0.48 -> 0.56 ms), v by per-lane
+// prefetch.global.L2 (no gain over the TMA prefetch), q and k prefetched for the prep's items (1.44 ms: the
+// prefetches queue ahead of the scan's own loads), evict-first q, k and slot loads, the inputs loaded ahead of
+// the ready wait, each slot's L2 lines discarded once read (1.48 ms).
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
 
@@ -62,6 +67,9 @@ struct ScanTmaMaps
 };
 
 constexpr int kWgStages = 3;  // shared-memory stages: chunk c + 2 streams in while chunk c runs
+// Beside the prep the producer prefetches v of chunk c + kL2Ahead into L2 when it loads chunk c (H100, 1x64K,
+// notes v15: 2 / 4 / 8 chunks ahead 1.253 / 1.255 / 1.258 ms against 1.273 without)
+constexpr int kL2Ahead = 4;
 
 template <typename T, int K, int NS = kWgStages>
 struct WgScanSmem
@@ -258,6 +266,10 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
                 tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
                 tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
                 bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
+                // beside the prep: v of chunk c + kL2Ahead into L2 (q, k and the slot are in L2 already, where
+                // the prep left them; after the prep, prefetching every tile was slower at 16x1K, notes v15)
+                if (ready != nullptr && c + kL2Ahead < nch)
+                    tmaPrefetch3d(&maps.v, vbase, h, t0 + kL2Ahead * kC);
             }
             continue;
         }

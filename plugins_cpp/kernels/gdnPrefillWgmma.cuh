@@ -157,6 +157,16 @@ __device__ __forceinline__ void tmaLoad3d(
             : "memory");
 #endif
 }
+// Box (c0, c1, c2) of the 3-D tensor map `map` into L2 only (no shared memory, no completion to wait on), so
+// that a later load of it hits L2.
+__device__ __forceinline__ void tmaPrefetch3d(void const* map, int c0, int c1, int c2)
+{
+#if GDN_WGMMA
+    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map), "r"(c0), "r"(c1),
+        "r"(c2)
+        : "memory");
+#endif
+}
 // Shared tile at src -> box (c0, c1, c2) of the 3-D tensor map `map`, as one bulk tensor store of the
 // calling thread's bulk group (L2 policy pol unless 0). The tile must be visible to the async proxy
 // (fenceProxyAsync by its writers, then a barrier) and stay unchanged until bulkWaitRead.
