@@ -213,6 +213,11 @@ constexpr int kNoTma = 4;
 // With the o tile stored by the copy engine (v11, the scan after the prep 3% faster), one same-process A/B:
 // 16 -> 1.375, 24 -> 1.396, 32 -> 1.440, 48 -> 1.459 ms (16 ahead in each of 5 rounds).
 constexpr int kThrottleChunks = 16;
+// Beside the prep, the wgmma scan's V-tile CTAs of a value head run as clusters of 2 (one TPC; the prep keeps
+// whole TPCs). Same-process A/Bs on the H100 (notes v16), outputs bitwise equal: 1x4K 0.109 -> 0.107 ms,
+// 1x16K 0.336 -> 0.329, 1x64K 1.250 -> 1.245. (Loading the pair's shared tiles once by TMA multicast was
+// correct but not faster: 1x64K 1.253 against 1.249 without it.)
+constexpr bool kScanPairsOnTpcs = true;
 
 bool isWgmmaVariant(int nw)
 {
@@ -307,12 +312,13 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     if (isWgmmaVariant(nw) && !tma)
         nw -= kNoTma;
     bool const beside = nw == kScanWgmmaBeside && K <= 128;  // (K = 256 runs the mma.sync scan after the prep)
+    ws.scanCluster = kScanPairsOnTpcs && beside && (p.V / 64) % 2 == 0 ? 2 : 1;
     if (beside)
     {
         GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, size_t(prefill_chunked::ctlInts(p)) * sizeof(int), stream));
         // SMs kept for the scan: one per scan CTA, at most half of them (a forced beside launch of a
-        // larger scan runs in waves on those)
-        ws.scanCtas = int(std::min<int64_t>(wgScanCtas(p), smCount() / 2));
+        // larger scan runs in waves on those), in whole clusters
+        ws.scanCtas = int(std::min<int64_t>(wgScanCtas(p), smCount() / 2)) / ws.scanCluster * ws.scanCluster;
         // the prep keeps within kThrottleChunks of the scan (L2 reuse of q, k and the workspace slots), only
         // when every scan CTA has a kept SM (co-resident; the wait is bounded in any case)
         ws.throttle = wgScanCtas(p) <= ws.scanCtas ? kThrottleChunks : 0;
@@ -342,17 +348,30 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     auto scan = [&](auto kern, int smem, int vt, int threads, auto const&... extra) -> cudaError_t
     {
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        cudaLaunchAttribute attr[1];
+        cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
+        attr[1].id = cudaLaunchAttributeClusterDimension;  // (1, 1, 2): the V-tile pair of a value head
+        attr[1].val.clusterDim.x = 1;
+        attr[1].val.clusterDim.y = 1;
+        attr[1].val.clusterDim.z = 2;
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(p.N, p.Hv, p.V / vt);
         cfg.blockDim = dim3(threads);
         cfg.dynamicSmemBytes = size_t(smem);
         cfg.stream = stream;
         cfg.attrs = attr;
-        cfg.numAttrs = beside ? 1 : 0;
-        return cudaLaunchKernelEx(&cfg, kern, p, ws, extra...);
+        cfg.numAttrs = beside ? (ws.scanCluster == 2 && vt == 64 ? 2 : 1) : 0;
+        cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, ws, extra...);
+        if (e != cudaSuccess && cfg.numAttrs == 2)
+        {
+            // clusters refused (e.g. an SM partition without whole TPCs): the same scan without them (the
+            // kept TPCs still hold one CTA per SM; the pairing is placement only)
+            (void)cudaGetLastError();
+            cfg.numAttrs = 1;
+            e = cudaLaunchKernelEx(&cfg, kern, p, ws, extra...);
+        }
+        return e;
     };
     if constexpr (K <= 128)
     {
@@ -455,7 +474,7 @@ cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
     ChunkWs const ws{
-        base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0, 0};
+        base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0, 1, 0};
     if (isWgmmaVariant(nw) && !wgmmaUsable())
         return cudaErrorNotSupported;  // (K = 256 with a wgmma variant runs the 4-warp mma.sync scan)
     if (nw != 2 && nw != 4 && !isWgmmaVariant(nw))

@@ -60,6 +60,10 @@ struct ChunkWs
     // (readyCounter). scanCtas SMs are kept free for the scan's CTAs.
     int* ctl;
     int scanCtas;
+    // CTAs per scan cluster: 2 when the scan runs as clusters of two V-tile CTAs of a value head, which
+    // the hardware places on the two SMs of one TPC (%smid 2i and 2i + 1 on the H100, probed); the prep then
+    // keeps SMs for the scan by whole TPCs (smid / 2), else 1 (SM by SM)
+    int scanCluster;
     // Beside the scan: a prep item of chunk c >= throttle waits (at most kThrottleNs) until every scan CTA
     // of its key head has started loading chunk c - throttle's block, so that the scan reads q, k and the
     // workspace slot while they are still in L2 (0: no wait).

@@ -309,7 +309,8 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
 // waits on. On sm_90 the kernel lets a programmatically dependent scan launch at once
 // (griddepcontrol.launch_dependents).
 // Beside the scan (ws.ctl set) the grid is persistent and SM-aware: the first prep CTA to start on an SM
-// claims it; claims 1 .. scanCtas mark the SM as kept for the scan and every prep CTA there exits at once
+// (on either SM of a TPC when the scan runs as clusters of 2: consecutive SM ids) claims it; claims 1 ..
+// scanCtas / scanCluster mark the SM (TPC) as kept for the scan and every prep CTA there exits at once
 // (claim 0 always works, so some SM always runs prep items and the scan, which waits on them, cannot
 // starve). The other CTAs take items from a shared counter, in order.
 __device__ __forceinline__ bool prepKeepsSmForScan(ChunkWs const& ws, int* bcast)
@@ -320,13 +321,14 @@ __device__ __forceinline__ bool prepKeepsSmForScan(ChunkWs const& ws, int* bcast
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         int role = kWorker;
-        if (smid < unsigned(kCtlSmIds))
+        unsigned const unit = smid / unsigned(ws.scanCluster);  // the SM, or its TPC
+        if (unit < unsigned(kCtlSmIds))
         {
-            int* slot = ws.ctl + 2 + smid;
+            int* slot = ws.ctl + 2 + unit;
             if (atomicCAS(slot, kFree, kClaiming) == kFree)
             {
                 int const r = atomicAdd(ws.ctl + 1, 1);
-                role = (r >= 1 && r <= ws.scanCtas) ? kForScan : kWorker;
+                role = (r >= 1 && r <= ws.scanCtas / ws.scanCluster) ? kForScan : kWorker;
                 atomicExch(slot, role);
             }
             else

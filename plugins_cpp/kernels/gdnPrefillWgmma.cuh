@@ -52,12 +52,15 @@ __device__ __forceinline__ uint64_t descWords(uint32_t lo)
     asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(HI));
     return d;
 }
-// The descriptor of the operand at shared address addr + off (below 256 KB: the 14-bit address field
-// cannot carry into the LBO field).
+// The descriptor of the operand at shared address addr + off. Only the address's low 18 bits are the
+// CTA's shared-memory offset: in a cluster launch the shared::cta addresses of CTA rank r > 0 carry r in
+// higher bits, which would spill into the LBO field (read by the MN-major products). The offset is below
+// 256 KB, so the 14-bit address field cannot carry into the LBO field.
 template <uint32_t LBO, uint32_t SBO>
 __device__ __forceinline__ uint64_t descAt(uint32_t addr, uint32_t off)
 {
-    return descWords<((SBO >> 4) & 0x3FFF) | (1u << 30)>((addr >> 4) + (((LBO >> 4) & 0x3FFF) << 16) + (off >> 4));
+    return descWords<((SBO >> 4) & 0x3FFF) | (1u << 30)>(
+        ((addr & 0x3FFFFu) >> 4) + (((LBO >> 4) & 0x3FFF) << 16) + (off >> 4));
 }
 // K-major B, k16 step kk, of a swizzled [R][*] tile at `tile`.
 template <int R>
