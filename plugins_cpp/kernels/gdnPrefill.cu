@@ -214,8 +214,8 @@ constexpr int kNoTma = 4;
 // 16 -> 1.375, 24 -> 1.396, 32 -> 1.440, 48 -> 1.459 ms (16 ahead in each of 5 rounds).
 constexpr int kThrottleChunks = 16;
 // Beside the prep, the wgmma scan's V-tile CTAs of a value head run as clusters of 2 (one TPC; the prep keeps
-// whole TPCs). Same-process A/Bs on the H100 (notes v16), outputs bitwise equal: 1x4K 0.109 -> 0.107 ms,
-// 1x16K 0.336 -> 0.329, 1x64K 1.250 -> 1.245. (Loading the pair's shared tiles once by TMA multicast was
+// whole TPCs). Same-process A/Bs on the H100 (notes v16), outputs bitwise equal: 1x4K 0.108 -> 0.106 ms,
+// 1x16K 0.336 -> 0.331, 1x64K 1.253 -> 1.237 (9 rounds). (Loading the pair's shared tiles once by TMA multicast was
 // correct but not faster: 1x64K 1.253 against 1.249 without it.)
 constexpr bool kScanPairsOnTpcs = true;
 
