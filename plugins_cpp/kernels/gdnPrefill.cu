@@ -351,17 +351,17 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
-        attr[1].id = cudaLaunchAttributeClusterDimension;  // (1, 1, 2): the V-tile pair of a value head
+        attr[1].id = cudaLaunchAttributeClusterDimension;  // (1, 1, scanCluster): the V-tile pair of a value head
         attr[1].val.clusterDim.x = 1;
         attr[1].val.clusterDim.y = 1;
-        attr[1].val.clusterDim.z = 2;
+        attr[1].val.clusterDim.z = unsigned(ws.scanCluster);
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(p.N, p.Hv, p.V / vt);
         cfg.blockDim = dim3(threads);
         cfg.dynamicSmemBytes = size_t(smem);
         cfg.stream = stream;
         cfg.attrs = attr;
-        cfg.numAttrs = beside ? (ws.scanCluster == 2 && vt == 64 ? 2 : 1) : 0;
+        cfg.numAttrs = beside ? (ws.scanCluster > 1 ? 2 : 1) : 0;  // (beside: the wgmma scan, V-tile 64)
         cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, ws, extra...);
         if (e != cudaSuccess && cfg.numAttrs == 2)
         {

@@ -361,13 +361,10 @@ __device__ __forceinline__ void prepStaggeredStart()
     unsigned const slot = blockIdx.x / max(1u, gridDim.x / unsigned(kPrepCtasPerSm<K>));
     if (slot > 0 && threadIdx.x == 0)
     {
-        unsigned long long t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        unsigned long long const t0 = globalTimerNs();
         do
-        {
             __nanosleep(256);
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        } while (t - t0 < slot * kStaggerNs);
+        while (globalTimerNs() - t0 < slot * kStaggerNs);
     }
     __syncthreads();
 }
