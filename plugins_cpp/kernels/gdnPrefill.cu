@@ -381,7 +381,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
             if (tma)
                 maps = scanTmaMaps(p, ws, K);
             return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
-                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, 160, maps);
+                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, prefill_chunked::kScanThreads, maps);
         }
     }
     if (nw == 2)

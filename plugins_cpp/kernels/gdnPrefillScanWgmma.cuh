@@ -12,7 +12,8 @@
 //   O^T += delta^T Aqk^T        m64n64k16  x 4                                | o of chunk c - 1 stored
 // with D = delta e^{G_C - G} rk. One product's accumulators become the next one's A registers (same
 // fragment layout as mma.sync).
-// Warp-specialised: a fifth warp (the producer) fills 3 shared-memory stages, chunk c + 2 streaming in
+// Warp-specialised: a second warpgroup holds the producer warp (4) and the store warp (5); the producer fills 3
+// shared-memory stages, chunk c + 2 streaming in
 // while c runs: a full chunk by bulk tensor copies (TMA: one lane issues 8 box copies and one 1 KB bulk
 // copy, completing on the stage's `full` mbarrier; the tensor maps write the 128B swizzle themselves), the
 // last, partial chunk of a sequence (rows past its end must read as zero) and launches without tensor
@@ -20,7 +21,9 @@
 // The math warps wait only on `full` and release a stage on its `empty` mbarrier (one arrival per warp):
 // no CTA barrier per chunk. Each chunk's o is packed at the chunk's end and stored in the shadow of the
 // next chunk's state update, where the warps would otherwise wait for the tensor cores: stmatrix.trans
-// into a swizzled staging tile, then one bulk tensor store of the 64x64 tile by thread 0 (storeOChunk).
+// into a swizzled staging tile and an mbarrier arrival; the store warp issues one bulk tensor store of the 64x64
+// tile (wgScanStoreO). The CTA launches with 168 registers per thread and the math warpgroup then takes 240
+// (setmaxnreg), the other warpgroup 96.
 // Measured (benchmarks/notes_prefill.md): the producer warp took the scan from 1.47 to 1.28 ms at 1x64K, the deferred o
 // store to 1.25 ms, the bulk o store (instead of per-warp 16-byte stores) 1.29 -> 1.20 ms (v11); 718 -> 622
 // instructions per chunk (32-bit descriptor words, one stmatrix lane base, the unpack): 1.14 ms after the prep, 1.34 ->
@@ -34,7 +37,9 @@
 // chain (equal after the prep, slower beside it, v11), o staged in the stage's v tile (4% slower, v11), the state's K
 // columns split over two math warpgroups (P and O1 partials summed through shared memory: 1.8x slower, the scalar work
 // per chunk does not split, v12); O2 issued before S, the o store's fence and barrier after the S/O2 wait, the next
-// stage's mbarrier tested early, two chunks' o per barrier (v13).
+// stage's mbarrier tested early, two chunks' o per barrier (v13); O2 waited for behind the next chunk's P, the
+// state's pack and scaling in O2's shadow (v17: 7% slower), a prep CTA beside each scan CTA (v17: its items
+// hold up the scan's blocks, 1x64K 1.21 -> 1.41 ms).
 // v (read once) and, beside the prep, o are streamed with an L2 evict-first policy; beside the prep the producer
 // also prefetches v of chunk c + kL2Ahead into L2 (the other tiles are there already: 1x64K 1.28 -> 1.25 ms, v15).
 // Measured and dropped (v15): every tile prefetched after the prep (16x1K 0.48 -> 0.56 ms), v by per-lane
@@ -71,6 +76,15 @@ constexpr int kWgStages = 3;  // shared-memory stages: chunk c + 2 streams in wh
 // notes v15: 2 / 4 / 8 chunks ahead 1.253 / 1.255 / 1.258 ms against 1.273 without)
 constexpr int kL2Ahead = 4;
 
+// Warps of a CTA: the math warpgroup (warps 0-3) and a second warpgroup of a producer warp (4: the stages), a store
+// warp (5: o) and two that only complete the warpgroup's setmaxnreg. The CTA launches with kScanLaunchRegs
+// registers per thread and the math warpgroup then takes kScanMathRegs of the pool (setmaxnreg.inc), the other
+// keeping kScanAuxRegs (H100, notes v17: with the store warp 1x64K after the prep 1.664 -> 1.584 ms, the
+// reconfiguration (8 warps) a further 1997 -> 1913 cycles per chunk there).
+constexpr int kScanThreads = 256;
+constexpr int kScanLaunchRegs = 168, kScanMathRegs = 240, kScanAuxRegs = 96;
+static_assert(4 * kScanMathRegs + 4 * kScanAuxRegs <= 8 * kScanLaunchRegs, "setmaxnreg: the CTA's register pool");
+
 template <typename T, int K, int NS = kWgStages>
 struct WgScanSmem
 {
@@ -86,9 +100,11 @@ struct WgScanSmem
     };
     static constexpr uint32_t kTmaBytes = uint32_t(sizeof(Stage));  // a full stage: every byte by bulk copy
     Stage st[NS];
-    T ob[2][kC * VT];  // o staging: two swizzled [64 tokens][64 values] tiles (1 KB aligned)
+    T ob[kC * VT];  // o staging: a swizzled [64 tokens][64 values] tile (1 KB aligned)
     uint64_t full[NS];  // per stage: completes when its data has landed
     uint64_t empty[NS]; // per stage: completes when the 4 math warps are done with it
+    uint64_t oFull;   // the o tile: the 4 math warps have written it
+    uint64_t oEmpty;  // the o tile: the store warp has read it
 };
 
 // Rows [0, len) of a [64][C] 16-bit row-major global tile (row stride gStride) into a swizzled tile at
@@ -165,51 +181,53 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
         Wgmma<T, 64, 0>::run(acc, a[kk], descKMajor<kC>(tile, kk), (accumulate || kk) ? 1 : 0);
 }
 
-// o of one chunk from the math warpgroup (threads 0-127; every thread calls it): each warp's packed o^T (op[j]:
-// accToA of the accumulators' k16 step j) stmatrix.trans'd into the swizzled [64 tokens][64 values] staging tile
-// at obuf (the layout of the tensor map's box; addresses from x4LaneOffset), then a full chunk with a tensor map
-// by one bulk tensor store issued by thread 0 (the copy engine reads the tile and writes 128-byte rows; the
-// warps go on at once), else (the last, partial chunk of a sequence; no tensor maps) by 16-byte stores of rows <
-// len by each warp from its own columns. og: o at the chunk's first token, column vbase; ld: its row stride. Two
-// staging tiles alternate: before the barrier (every call, either path), thread 0 waits until its earlier bulk
-// stores have read their tiles, so that after it the other tile may be rewritten. (Storing two chunks per
-// barrier from four staging tiles was measured: no faster, notes v13.)
+// The store warp: chunk cc's o from the staging tile once the math warps have written it (oFull), by one bulk
+// tensor store of the 64x64 tile (a full chunk with a tensor map: the copy engine writes 128-byte rows) or by
+// 16-byte stores of its rows < len (the last, partial chunk of a sequence, whose rows past the end the map would
+// write; launches without tensor maps); the tile is released (oEmpty) once read. The math warps rewrite the tile a
+// chunk later, so one tile is enough. (Until v16 the math warps stored o themselves, thread 0 issuing the bulk store
+// after a named barrier: ~470 of a chunk's ~2150 cycles, on the chain; now ~350, stmatrix and the proxy fence.)
 template <typename T>
-__device__ __forceinline__ void storeOChunk(uint32_t const (&op)[4][4], uint32_t obuf, T* og, int64_t ld, int len,
-    uint64_t pol, void const* oMap, int vbase, int h, int t0, int warp, int lane)
+__device__ __forceinline__ void wgScanStoreO(GdnPrefillParams const& p, uint32_t obuf, uint32_t oFull, uint32_t oEmpty,
+    void const* oMap, uint64_t pol, int h, int vbase, int bos, int L, int lane)
 {
-    uint32_t const lb = obuf + x4LaneOffset(warp, lane);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        stsmX4T(lb + 2048u * j, op[j][0], op[j][1], op[j][2], op[j][3]);
-    bool const bulk = oMap != nullptr && len == kC;
-    if (bulk)
-        fenceProxyAsync();  // written by the generic proxy, read by the copy engine
-    if (threadIdx.x == 0)
-        bulkWaitRead();
-    namedBarSync(1, 128);
-    if (bulk)
+    int const Hv = p.Hv, V = p.V, nch = (L + kC - 1) / kC;
+    for (int cc = 0; cc < nch; ++cc)
     {
-        if (threadIdx.x == 0)
+        int const len = min(kC, L - cc * kC);
+        mbarWait(oFull, cc & 1);
+        if (oMap != nullptr && len == kC)
         {
-            tmaStore3d(oMap, obuf, vbase, h, t0, pol);
-            bulkCommit();
+            if (lane == 0)
+            {
+                tmaStore3d(oMap, obuf, vbase, h, bos + cc * kC, pol);
+                bulkCommit();
+                bulkWaitRead();
+            }
         }
-        return;
-    }
-    int const col = 16 * warp + 8 * (lane & 1);
-#pragma unroll
-    for (int it = 0; it < 4; ++it)
-    {
-        int const r = (lane >> 1) + 16 * it;
-        if (r < len)
+        else
         {
-            uint4 x;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                         : "r"(obuf + swzOffset<kC>(r, col)));
-            *reinterpret_cast<uint4*>(og + r * ld + col) = x;
+            T* const og = static_cast<T*>(p.o) + ((int64_t)(bos + cc * kC) * Hv + h) * V + vbase;
+            int64_t const ld = (int64_t)Hv * V;
+#pragma unroll 4
+            for (int it = 0; it < 16; ++it)
+            {
+                int const f = 32 * it + lane, r = f >> 3, col = 8 * (f & 7);
+                if (r < len)
+                {
+                    uint4 x;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                                 : "r"(obuf + swzOffset<kC>(r, col)));
+                    *reinterpret_cast<uint4*>(og + r * ld + col) = x;
+                }
+            }
         }
+        __syncwarp();
+        if (lane == 0)
+            mbarArrive(oEmpty);
     }
+    if (lane == 0)
+        bulkWaitAll();  // the bulk stores have completed (before the CTA's shared memory goes)
 }
 
 // The producer warp of both wgmma scans: chunk c into stage c % NS once the consumers have released chunk
@@ -293,7 +311,7 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
 }
 
 template <typename T, int K, int NS = kWgStages>
-__global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
+__global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     GdnPrefillParams const p, ChunkWs const ws, __grid_constant__ ScanTmaMaps const maps)
 {
 #if GDN_WGMMA
@@ -318,14 +336,22 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
             mbarInit(full0 + 8u * i, 1);
             mbarInit(empty0 + 8u * i, 4);
         }
+        mbarInit(smemAddr(&sm.oFull), 4);
+        mbarInit(smemAddr(&sm.oEmpty), 1);
     }
     __syncthreads();
 
-    if (warp == 4)
+    if (warp >= 4)
     {
-        wgScanProduce<T, K, NS>(p, ws, maps, st0, full0, empty0, h, hk, vbase, bos, L, id0, lane);
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kScanAuxRegs));
+        if (warp == 4)
+            wgScanProduce<T, K, NS>(p, ws, maps, st0, full0, empty0, h, hk, vbase, bos, L, id0, lane);
+        else if (warp == 5)  // o is written once: evicted first from L2 beside the prep (whose q, k and slots the scan reads next)
+            wgScanStoreO<T>(p, smemAddr(&sm.ob[0]), smemAddr(&sm.oFull), smemAddr(&sm.oEmpty), maps.use ? &maps.o : nullptr,
+                ws.ctl != nullptr ? policyEvictFirst() : 0, h, vbase, bos, L, lane);
         return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kScanMathRegs));
 
     // ---- math warpgroup (warps 0-3)
     int const vw = vbase + 16 * warp;
@@ -333,17 +359,23 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
     int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
     loadStateT(s, p.initialState, sbase, V, vw, lane);
     uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + x4LaneOffset(warp, lane);
-    // o is written once: evicted first from L2 beside the prep (whose q, k and slots the scan reads next)
-    uint64_t const oPolicy = ws.ctl != nullptr ? policyEvictFirst() : 0;
-    // o of the previous chunk, packed (stored in the shadow of this chunk's state update)
+    // o of the previous chunk, packed: written to the staging tile in the shadow of this chunk's state update
+    // (stmatrix.trans into the swizzled [64 tokens][64 values] layout of the tensor map's box, each warp its 16
+    // columns), then handed to the store warp
     uint32_t op[4][4];
-    void const* const oMap = maps.use ? &maps.o : nullptr;
-    uint32_t const ob0 = smemAddr(&sm.ob[0][0]);
+    uint32_t const oLane = smemAddr(&sm.ob[0]) + x4LaneOffset(warp, lane);
+    uint32_t const oFull = smemAddr(&sm.oFull), oEmpty = smemAddr(&sm.oEmpty);
     auto storeO = [&](int cc)
     {
-        storeOChunk<T>(op, ob0 + (cc & 1) * uint32_t(sizeof(sm.ob[0])),
-            static_cast<T*>(p.o) + ((int64_t)(bos + cc * kC) * Hv + h) * V + vbase, (int64_t)Hv * V,
-            min(kC, L - cc * kC), oPolicy, oMap, vbase, h, bos + cc * kC, warp, lane);
+        if (cc > 0)
+            mbarWait(oEmpty, (cc - 1) & 1);  // the store warp has read chunk cc - 1's o
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            stsmX4T(oLane + 2048u * j, op[j][0], op[j][1], op[j][2], op[j][3]);
+        fenceProxyAsync();  // written by the generic proxy, read by the copy engine
+        __syncwarp();
+        if (lane == 0)
+            mbarArrive(oFull);
     };
     uint32_t phases = 0;
     for (int c = 0; c < nch; ++c)
@@ -432,8 +464,6 @@ __global__ void __launch_bounds__(160, 1) gdnPrefillScanWgKernel(
     }
     if (nch > 0)
         storeO(nch - 1);
-    if (threadIdx.x == 0)
-        bulkWaitAll();  // the bulk stores of o have completed
     storeStateT(s, p.finalState, sbase, V, vw, lane);
     // launched as the programmatic dependent of the prep kernel: end only after it has (so the work
     // after this kernel in the stream also follows the prep kernel)

@@ -206,11 +206,6 @@ __device__ __forceinline__ void bulkWaitAll()
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
-// Barrier `id` (1..15) of `threads` threads (a multiple of 32): warps of one role, not the whole CTA.
-__device__ __forceinline__ void namedBarSync(int id, int threads)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // `bytes` (a multiple of 16) contiguous bytes from src (16 B aligned).
 __device__ __forceinline__ void bulkLoad(uint32_t dst, void const* src, uint32_t bytes, uint32_t bar)
 {
