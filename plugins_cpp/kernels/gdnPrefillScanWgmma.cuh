@@ -13,11 +13,11 @@
 // with D = delta e^{G_C - G} rk. One product's accumulators become the next one's A registers (same
 // fragment layout as mma.sync).
 // Warp-specialised: a second warpgroup holds the producer warp (4) and the store warp (5); the producer fills 3
-// shared-memory stages, chunk c + 2 streaming in
-// while c runs: a full chunk by bulk tensor copies (TMA: one lane issues 8 box copies and one 1 KB bulk
-// copy, completing on the stage's `full` mbarrier; the tensor maps write the 128B swizzle themselves), the
-// last, partial chunk of a sequence (rows past its end must read as zero) and launches without tensor
-// maps by cp.async from its 32 lanes. Beside the prep kernel it also waits on the prep's ready counters.
+// shared-memory stages, chunk c + 2 streaming in while c runs: a full chunk by bulk tensor copies (TMA: one
+// lane issues 8 box copies and one 1 KB bulk copy, completing on the stage's `full` mbarrier; the tensor maps
+// write the 128B swizzle themselves), the last, partial chunk of a sequence (rows past its end must read as
+// zero) and launches without tensor maps by cp.async from its 32 lanes. Beside the prep kernel it also waits
+// on the prep's ready counters.
 // The math warps wait only on `full` and release a stage on its `empty` mbarrier (one arrival per warp):
 // no CTA barrier per chunk. Each chunk's o is packed at the chunk's end and stored in the shadow of the
 // next chunk's state update, where the warps would otherwise wait for the tensor cores: stmatrix.trans
@@ -346,9 +346,9 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kScanAuxRegs));
         if (warp == 4)
             wgScanProduce<T, K, NS>(p, ws, maps, st0, full0, empty0, h, hk, vbase, bos, L, id0, lane);
-        else if (warp == 5)  // o is written once: evicted first from L2 beside the prep (whose q, k and slots the scan reads next)
-            wgScanStoreO<T>(p, smemAddr(&sm.ob[0]), smemAddr(&sm.oFull), smemAddr(&sm.oEmpty), maps.use ? &maps.o : nullptr,
-                ws.ctl != nullptr ? policyEvictFirst() : 0, h, vbase, bos, L, lane);
+        else if (warp == 5)  // o (written once) is evicted first from L2 beside the prep
+            wgScanStoreO<T>(p, smemAddr(&sm.ob[0]), smemAddr(&sm.oFull), smemAddr(&sm.oEmpty),
+                maps.use ? &maps.o : nullptr, ws.ctl != nullptr ? policyEvictFirst() : 0, h, vbase, bos, L, lane);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kScanMathRegs));
