@@ -211,8 +211,10 @@ constexpr int kNoTma = 4;
 // Beside the prep: how far (chunks) the prep may run ahead of the scan. H100, 1x64K (notes v9): 8 -> 1.92 ms
 // (the scan waits on the prep), 16 -> 1.36-1.39, 24 -> 1.36, 40 -> 1.41, unbounded -> 1.43-1.45.
 // With the o tile stored by the copy engine (v11, the scan after the prep 3% faster), one same-process A/B:
-// 16 -> 1.375, 24 -> 1.396, 32 -> 1.440, 48 -> 1.459 ms (16 ahead in each of 5 rounds).
-constexpr int kThrottleChunks = 16;
+// 16 -> 1.375, 24 -> 1.396, 32 -> 1.440, 48 -> 1.459 ms (16 ahead in each of 5 rounds). Since the scan got faster
+// (v17) an item (~16 us) takes about as long as the scan needs for 16 chunks, so at 16 an item released by the
+// throttle is often late (notes v18: 1x64K single calls 1.251 -> 1.196 ms at 20, 1.225 at 24).
+constexpr int kThrottleChunks = 20;
 // Beside the prep, the wgmma scan's V-tile CTAs of a value head run as clusters of 2 (one TPC; the prep keeps
 // whole TPCs). Same-process A/Bs on the H100 (notes v16), outputs bitwise equal: 1x4K 0.108 -> 0.106 ms,
 // 1x16K 0.336 -> 0.331, 1x64K 1.253 -> 1.237 (9 rounds). (Loading the pair's shared tiles once by TMA multicast was

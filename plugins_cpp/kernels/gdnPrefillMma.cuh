@@ -131,12 +131,12 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t const (&a)[4], 
 }
 #undef GDN_MMA16816
 
-// fp32 -> tf32 (round to nearest, ties away), as the b32 operand of a tf32 mma
+// fp32 -> tf32 (round to nearest, ties away), as the b32 operand of a tf32 mma, which reads the upper 19 bits:
+// adding half a unit of the kept bits rounds the magnitude, the same bits as cvt.rna.tf32.f32 for finite x (which
+// sm_90 emulates with a finiteness test and a predicated add per element)
 __device__ __forceinline__ uint32_t toTf32(float x)
 {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
+    return __float_as_uint(x) + 0x1000u;
 }
 
 // d += a * b, m16n8k8 tf32 (A 16x8 row: a0 (g, q) a1 (g+8, q) a2 (g, q+4) a3 (g+8, q+4);

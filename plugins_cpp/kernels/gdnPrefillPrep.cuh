@@ -1,9 +1,10 @@
 // Prep kernel of the chunked prefill (gdnPrefillChunked.cuh has the workspace layout and the math),
 // private to gdnPrefill.cu: per (chunk id, key head) item, q.k^T, k.k^T and the diagonal of q.q^T (the
-// squared norms) on tensor cores (mma.sync), then per value head of the group the gates' cumulative sum,
-// the decayed L and Aqk, (I + L)^-1 by 16x16 blocks (fp32 forward substitution on the diagonal blocks,
-// tf32 tensor-core products below them) and the workspace slot (Tm', Aqk, per-token factors). One item per
-// CTA, or beside the scan a persistent grid that keeps SMs free for it and publishes ready counters.
+// squared norms) on tensor cores (mma.sync), then per value head of the group the gates' cumulative sum (each
+// warp its own copy), the decayed L and Aqk, (I + L)^-1 by 16x16 blocks (fp32 forward substitution on the
+// diagonal blocks, tf32 tensor-core products below them, in two levels: the 32x32 diagonal halves, then their
+// off-diagonal block) and the workspace slot (Tm', Aqk, per-token factors): 3 CTA barriers per value head. One
+// item per CTA, or beside the scan a persistent grid that keeps SMs free for it and publishes ready counters.
 #pragma once
 
 #include "gdnPrefillChunked.cuh"
@@ -12,6 +13,16 @@ namespace gdn
 {
 namespace prefill_chunked
 {
+
+// 2^x by ex2.approx.ftz: one MUFU where __expf adds a multiply and the denormal range scaling (results below
+// 2^-126 flush to 0: decays where such values are noise). The gate sums are kept in log2 units (G log2 e).
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float exp2Ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 template <typename T, int K>
 struct PrepSmem
@@ -33,12 +44,44 @@ struct PrepSmem
             float R[4][16][RS];    // per-warp 16x16 scratch of the block-row products
         } inv;
     } u;
-    alignas(16) float G[kC];  // (16-byte aligned: read as float2 / float4 vectors)
-    alignas(16) float beta[kC];
+    // the current value head's gate sums and betas, one copy per warp (each warp computes them itself: no CTA
+    // barrier between the gates and their use; 16-byte aligned: read as float2 / float4 vectors)
+    alignas(16) float G[4][kC];
+    alignas(16) float beta[4][kC];
     alignas(16) float qs[kC];
     alignas(16) float rk[kC];
-    float scanTmp[2];
 };
+
+// Named barrier 1 + c (c = 0, 1) of the 64 threads of warps c and 2 + c: bar.sync waits, bar.arrive only counts
+// this warp in (immediate ids: ptxas then reserves only the barriers used)
+__device__ __forceinline__ void pairBarSync(int c)
+{
+    if (c == 0)
+        asm volatile("bar.sync 1, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+}
+__device__ __forceinline__ void pairBarArrive(int c)
+{
+    if (c == 0)
+        asm volatile("bar.arrive 1, 64;\n" ::: "memory");
+    else
+        asm volatile("bar.arrive 2, 64;\n" ::: "memory");
+}
+
+// acc (16x16, C layout of two n8 tiles) -> a row-major fp32 block at dst (row stride ld), negated if neg
+__device__ __forceinline__ void storeBlock16(float* dst, int ld, float const (&acc)[2][4], bool neg, int lane)
+{
+    int const gr = lane >> 2, qd = lane & 3;
+    float const sg = neg ? -1.f : 1.f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+    {
+        float* d = dst + gr * ld + 8 * nt + 2 * qd;
+        *reinterpret_cast<float2*>(d) = make_float2(sg * acc[nt][0], sg * acc[nt][1]);
+        *reinterpret_cast<float2*>(d + 8 * ld) = make_float2(sg * acc[nt][2], sg * acc[nt][3]);
+    }
+}
 
 // One work item (chunk id, key head): q, k and their Gram products are shared by the Hv/Hk value heads
 // of the group, which then run the gate-dependent part one after the other.
@@ -69,27 +112,42 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
         __syncthreads();
     }
 
-    // raw q, k rows -> shared (16 B copies, zero rows past the end)
-    constexpr int VEC = 8;  // 16-bit elements per 16 B
-    for (int i = tid; i < kC * (K / VEC); i += 128)
+    // raw q, k rows -> shared (16 B copies, zero rows past the end): thread tid copies the 16-byte column tid % CPR
+    // of the rows tid / CPR + RPI m (rows past the end read nothing from row 0's address)
     {
-        int const r = i / (K / VEC), cc = (i % (K / VEC)) * VEC;
-        bool const ok = r < len;
-        int64_t const off = ((int64_t)(t0 + (ok ? r : 0)) * Hk + hk) * K + cc;
-        cpAsync16(&sm.u.in.q[r][cc], static_cast<T const*>(p.q) + off, ok ? 16 : 0);
-        cpAsync16(&sm.u.in.k[r][cc], static_cast<T const*>(p.k) + off, ok ? 16 : 0);
+        constexpr int VEC = 8, CPR = K / VEC, RPI = 128 / CPR;  // 16-bit elements per 16 B, copies per row, rows
+        int const r0 = tid / CPR, cc = (tid % CPR) * VEC;
+        int64_t const rowStride = (int64_t)Hk * K;
+        T const* const q0 = static_cast<T const*>(p.q) + (int64_t)t0 * rowStride + (int64_t)hk * K + cc;
+        T const* const k0 = static_cast<T const*>(p.k) + (int64_t)t0 * rowStride + (int64_t)hk * K + cc;
+        uint32_t const sq0 = smemAddr(&sm.u.in.q[r0][cc]), sk0 = smemAddr(&sm.u.in.k[r0][cc]);
+#pragma unroll
+        for (int m = 0; m < kC / RPI; ++m)
+        {
+            int const r = r0 + RPI * m;
+            bool const ok = r < len;
+            int64_t const off = ok ? r * rowStride : 0;
+            constexpr uint32_t kRowBytes = PrepSmem<T, K>::KS * sizeof(T);
+            cpAsync16(sq0 + RPI * m * kRowBytes, q0 + off, ok ? 16 : 0);
+            cpAsync16(sk0 + RPI * m * kRowBytes, k0 + off, ok ? 16 : 0);
+        }
     }
     cpAsyncCommit();
-    // raw gate inputs of token t0 + tid (tid < len) for value head hh
-    float gRaw = 0.f, bRaw = 0.f;
+    // raw gate inputs of tokens t0 + lane and t0 + lane + 32 for value head hh (every warp: each computes the
+    // gates itself)
+    float gRaw[2] = {0.f, 0.f}, bRaw[2] = {0.f, 0.f};
     auto loadGateRaw = [&](int hh)
     {
-        int64_t const gi = (int64_t)(t0 + tid) * Hv + hh;
-        gRaw = loadAny(p.g, p.gateType, gi);
-        bRaw = loadAny(p.beta, p.gateType, gi);
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            if (lane + 32 * e < len)
+            {
+                int64_t const gi = (int64_t)(t0 + lane + 32 * e) * Hv + hh;
+                gRaw[e] = loadAny(p.g, p.gateType, gi);
+                bRaw[e] = loadAny(p.beta, p.gateType, gi);
+            }
     };
-    if (tid < len)
-        loadGateRaw(hk * grp);
+    loadGateRaw(hk * grp);
     cpAsyncWaitAll();
     __syncthreads();
     // k.k^T and q.k^T for rows 16w..16w+15 (8 n8 tiles over the 64 columns), and the diagonal block
@@ -101,16 +159,17 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             kk[j][e] = qk[j][e] = qq[j & 1][e] = 0.f;
+    int const aRow = ((lane >> 3) & 1) * 8 + (lane & 7), aCol = (lane >> 4) * 8;
+    uint32_t const aBaseK = smemAddr(&sm.u.in.k[aRow][aCol]);
+    uint32_t const aBaseQ = aBaseK - uint32_t(sizeof(sm.u.in.q));  // (q precedes k: an immediate offset)
 #pragma unroll
     for (int s = 0; s < K / 16; ++s)
     {
-        uint32_t ak[4], aq[4];
-        ldsmX4(ak, ldsmRowsNK(&sm.u.in.k[16 * warp][0], KS, 0, s, lane));
-        ldsmX4(aq, ldsmRowsNK(&sm.u.in.q[16 * warp][0], KS, 0, s, lane));
-        // ldsmRowsNK with j = 0 over 16 rows yields (rows 0-7|8-15) x (k lo|hi) as r0=(0-7,lo),
-        // r1=(0-7,hi), r2=(8-15,lo), r3=(8-15,hi); the A fragment wants (0-7,lo),(8-15,lo),(0-7,hi),(8-15,hi).
-        uint32_t const a1[4] = {ak[0], ak[2], ak[1], ak[3]};
-        uint32_t const a2[4] = {aq[0], aq[2], aq[1], aq[3]};
+        // A fragments straight from ldmatrix (lanes 8m..8m+7: rows 8 (m & 1) + 0..7, columns 8 (m >> 1) of the k16
+        // step: (0-7,lo), (8-15,lo), (0-7,hi), (8-15,hi), the fragment's register order, so no moves)
+        uint32_t a1[4], a2[4];
+        ldsmX4(a1, aBaseK + 2u * (16 * warp * KS + 16 * s));
+        ldsmX4(a2, aBaseQ + 2u * (16 * warp * KS + 16 * s));
         {
             uint32_t b[4];
             ldsmX4(b, ldsmRowsNK(&sm.u.in.q[0][0], KS, warp, s, lane));
@@ -153,37 +212,43 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
             sm.rk[r] = ok ? rkk : 0.f;
         }
     }
+    __syncthreads();  // norms written; every warp's reads of q and k done (L and X overlay them)
     for (int h = hk * grp; h < (hk + 1) * grp; ++h)
     {
-        __syncthreads();  // norms written; the previous head's reads of G, beta and X done
-        // gates and their cumulative sum (warps 0, 1: 32 tokens each)
-        if (tid < kC)
+        // The gates and their cumulative sum, computed by every warp into its own copy (lane: tokens lane and
+        // lane + 32). The previous head's last reads of the copy were this warp's own (Tm' and factor stores).
+        float* const Gw = sm.G[warp];
+        float* const bw = sm.beta[warp];
         {
-            float g = 0.f, b = 0.f;
-            if (tid < len)
+            float g[2], b[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
             {
-                Gate const gt = computeGate(p.gateMode, gRaw, bRaw, p.ALog, p.dtBias, h);
-                g = gt.g;
-                b = gt.beta;
-                if (h + 1 < (hk + 1) * grp)
-                    loadGateRaw(h + 1);  // the next head's gates, in flight during this head's work
+                g[e] = b[e] = 0.f;
+                if (lane + 32 * e < len)
+                {
+                    Gate const gt = computeGate(p.gateMode, gRaw[e], bRaw[e], p.ALog, p.dtBias, h);
+                    g[e] = gt.g;
+                    b[e] = gt.beta;
+                }
             }
+            if (h + 1 < (hk + 1) * grp)
+                loadGateRaw(h + 1);  // the next head's gates, in flight during this head's work
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1)
             {
-                float const y = __shfl_up_sync(0xffffffffu, g, o);
+                float const y0 = __shfl_up_sync(0xffffffffu, g[0], o);
+                float const y1 = __shfl_up_sync(0xffffffffu, g[1], o);
                 if (lane >= o)
-                    g += y;
+                    g[0] += y0, g[1] += y1;
             }
-            if (tid == 31)
-                sm.scanTmp[0] = g;
-            sm.G[tid] = g;
-            sm.beta[tid] = b;
+            g[1] += __shfl_sync(0xffffffffu, g[0], 31);
+            Gw[lane] = g[0] * kLog2e;  // (log2 units: the decays below are single ex2)
+            Gw[lane + 32] = g[1] * kLog2e;
+            bw[lane] = b[0];
+            bw[lane + 32] = b[1];
+            __syncwarp();
         }
-        __syncthreads();
-        if (tid >= 32 && tid < kC)
-            sm.G[tid] += sm.scanTmp[0];
-        __syncthreads();
         int64_t const slot = (int64_t)id * Hv + h;
         T* aqkOut = static_cast<T*>(ws.aqk) + slot * (kC * kC);
         T* tmOut = static_cast<T*>(ws.tm) + slot * (kC * kC);
@@ -196,7 +261,7 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
         for (int hh = 0; hh < 2; ++hh)
         {
             int const rg = 2 * warp + hh, i = 8 * rg + (lane >> 2);
-            float const Gi = sm.G[i], bi = sm.beta[i] * sm.rk[i], qi = sm.qs[i];
+            float const Gi = Gw[i], bi = bw[i] * sm.rk[i], qi = sm.qs[i];
 #pragma unroll
             for (int j = 0; j < 8; ++j)
             {
@@ -204,10 +269,10 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
                 uint32_t packed = 0u;
                 if (j <= rg)
                 {
-                    float2 const Gj = *reinterpret_cast<float2 const*>(&sm.G[jj]);
+                    float2 const Gj = *reinterpret_cast<float2 const*>(&Gw[jj]);
                     float2 const rj = *reinterpret_cast<float2 const*>(&sm.rk[jj]);
                     // (e^{G_i - G_j} of j > i may overflow: only selected away below, never multiplied in)
-                    float const d0 = __expf(Gi - Gj.x) * rj.x, d1 = __expf(Gi - Gj.y) * rj.y;
+                    float const d0 = exp2Ftz(Gi - Gj.x) * rj.x, d1 = exp2Ftz(Gi - Gj.y) * rj.y;
                     float l0 = bi * d0 * kk[j][2 * hh], l1 = bi * d1 * kk[j][2 * hh + 1];
                     float a0 = qi * d0 * qk[j][2 * hh], a1 = qi * d1 * qk[j][2 * hh + 1];
                     if (j == rg)
@@ -223,14 +288,19 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
                 *reinterpret_cast<uint32_t*>(aqkOut + i * kC + jj) = packed;
             }
         }
-        __syncthreads();
-        // (I + L)^-1 by 16x16 blocks: X_aa = (I + L_aa)^-1 by forward substitution (one column per
-        // thread, fp32), then warp b builds column block b downwards on tensor cores (tf32 operands, fp32
-        // accumulate): X_ab = -X_aa (sum_{m=b}^{a-1} L_am X_mb), a = b+1..3. The tf32 rounding (2^-11) is
-        // below the 16-bit rounding of the Tm' that is stored.
-        if (tid < kC)
+        // (I + L)^-1 by 16x16 blocks X_ab (tf32 tensor-core products, fp32 accumulate; their rounding, 2^-11, is
+        // below the 16-bit rounding of the Tm' that is stored). The previous head's reads of X (Tm' stores)
+        // are done: every thread passed them before this barrier.
+        __syncthreads();  // L
+        constexpr int LS = PrepSmem<T, K>::LS, RS = PrepSmem<T, K>::RS;
+        auto& L = sm.u.inv.L;
+        auto& X = sm.u.inv.X;
+        float(&R)[16][RS] = sm.u.inv.R[warp];
+        if (warp < 2)
         {
-            int const a = tid >> 4, cl = tid & 15, o = 16 * a;
+            // warp w: X_aa = (I + L_aa)^-1 of a = 2w (lanes 0-15) and 2w + 1 (lanes 16-31) by forward substitution
+            // (one column per lane, fp32), then X_{2w+1, 2w} = -X_{2w+1, 2w+1} L_{2w+1, 2w} X_{2w, 2w}
+            int const a = 2 * warp + (lane >> 4), cl = lane & 15, o = 16 * a;
             float x[16];
 #pragma unroll
             for (int i = 0; i < 16; ++i)
@@ -238,43 +308,51 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
                 float acc = (i == cl) ? 1.f : 0.f;
 #pragma unroll
                 for (int j = 0; j < i; ++j)
-                    acc = fmaf(-sm.u.inv.L[o + i][o + j], x[j], acc);
+                    acc = fmaf(-L[o + i][o + j], x[j], acc);
                 x[i] = acc;
             }
 #pragma unroll
             for (int i = 0; i < 16; ++i)
-                sm.u.inv.X[o + i][o + cl] = x[i];
+                X[o + i][o + cl] = x[i];
+            __syncwarp();
+            int const lo = 32 * warp, hi = lo + 16;
+            float t[2][4] = {};
+            mmaBlock16Tf32(t, &L[hi][lo], LS, &X[lo][lo], LS, lane);
+            storeBlock16(&R[0][0], RS, t, false, lane);
+            __syncwarp();
+            float y[2][4] = {};
+            mmaBlock16Tf32(y, &X[hi][hi], LS, &R[0][0], RS, lane);
+            storeBlock16(&X[hi][lo], LS, y, true, lane);
         }
-        __syncthreads();
+        __syncthreads();  // the 32x32 diagonal halves A = X[0:32, 0:32] and B = X[32:64, 32:64]
         {
-            constexpr int LS = PrepSmem<T, K>::LS, RS = PrepSmem<T, K>::RS;
-            int const b = warp, gr = lane >> 2, qd = lane & 3;
-            float(&R)[16][RS] = sm.u.inv.R[warp];
-            for (int a = b + 1; a < 4; ++a)
+            // X[32:64, 0:32] = -B T with T = L[32:64, 0:32] A, by 16x16 blocks: warp w = 2r + c computes T_rc
+            // (T_r0 = L_{2+r,0} X_00 + L_{2+r,1} X_10, T_r1 = L_{2+r,1} X_11), then X_{2+r,c} = -X_22 T_0c (r = 0)
+            // or -(X_32 T_0c + X_33 T_1c) (r = 1), reading warp c's T_0c after a barrier of the warp pair (c, 2 + c).
+            int const r = warp >> 1, c = warp & 1, row = 32 + 16 * r;
+            float t[2][4] = {};
+            if (c == 0)
+                mmaBlock16Tf32(t, &L[row][0], LS, &X[0][0], LS, lane);
+            mmaBlock16Tf32(t, &L[row][16], LS, &X[16][16 * c], LS, lane);
+            storeBlock16(&R[0][0], RS, t, false, lane);
+            float const(&T0)[16][RS] = sm.u.inv.R[c];  // T_0c
+            float y[2][4] = {};
+            if (r == 0)
             {
-                float acc[2][4] = {};
-                for (int m = b; m < a; ++m)
-                    mmaBlock16Tf32(acc, &sm.u.inv.L[16 * a][16 * m], LS, &sm.u.inv.X[16 * m][16 * b], LS, lane);
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-                {
-                    *reinterpret_cast<float2*>(&R[gr][8 * nt + 2 * qd]) = make_float2(acc[nt][0], acc[nt][1]);
-                    *reinterpret_cast<float2*>(&R[gr + 8][8 * nt + 2 * qd]) = make_float2(acc[nt][2], acc[nt][3]);
-                }
                 __syncwarp();
-                float x[2][4] = {};
-                mmaBlock16Tf32(x, &sm.u.inv.X[16 * a][16 * a], LS, &R[0][0], RS, lane);
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-                {
-                    float* xo = &sm.u.inv.X[16 * a + gr][16 * b + 8 * nt + 2 * qd];
-                    *reinterpret_cast<float2*>(xo) = make_float2(-x[nt][0], -x[nt][1]);
-                    *reinterpret_cast<float2*>(xo + 8 * LS) = make_float2(-x[nt][2], -x[nt][3]);
-                }
-                __syncwarp();
+                pairBarArrive(c);
+                mmaBlock16Tf32(y, &X[32][32], LS, &T0[0][0], RS, lane);
             }
+            else
+            {
+                __syncwarp();
+                pairBarSync(c);
+                mmaBlock16Tf32(y, &X[48][32], LS, &T0[0][0], RS, lane);
+                mmaBlock16Tf32(y, &X[48][48], LS, &R[0][0], RS, lane);
+            }
+            storeBlock16(&X[row][16 * c], LS, y, true, lane);
         }
-        __syncthreads();
+        __syncthreads();  // X
         // Tm' = X diag(beta) (zero above the block diagonal: those blocks of X are never written), 8
         // columns per 16-byte store, and the per-token scalars
 #pragma unroll
@@ -286,8 +364,8 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
             {
                 float4 const x0 = *reinterpret_cast<float4 const*>(&sm.u.inv.X[i][c8]);
                 float4 const x1 = *reinterpret_cast<float4 const*>(&sm.u.inv.X[i][c8 + 4]);
-                float4 const b0 = *reinterpret_cast<float4 const*>(&sm.beta[c8]);
-                float4 const b1 = *reinterpret_cast<float4 const*>(&sm.beta[c8 + 4]);
+                float4 const b0 = *reinterpret_cast<float4 const*>(&bw[c8]);
+                float4 const b1 = *reinterpret_cast<float4 const*>(&bw[c8 + 4]);
                 out = make_uint4(pack2<T>(x0.x * b0.x, x0.y * b0.y), pack2<T>(x0.z * b0.z, x0.w * b0.w),
                     pack2<T>(x1.x * b1.x, x1.y * b1.y), pack2<T>(x1.z * b1.z, x1.w * b1.w));
             }
@@ -295,9 +373,9 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
         }
         if (tid < kC)
         {
-            float const G = sm.G[tid], GC = sm.G[kC - 1], eg = __expf(G);
+            float const G = Gw[tid], GC = Gw[kC - 1], eg = exp2Ftz(G);  // (G in log2 units)
             *reinterpret_cast<float4*>(gqOut + 4 * tid)
-                = make_float4(eg * sm.rk[tid], eg * sm.qs[tid], __expf(GC - G) * sm.rk[tid], __expf(GC));
+                = make_float4(eg * sm.rk[tid], eg * sm.qs[tid], exp2Ftz(GC - G) * sm.rk[tid], exp2Ftz(GC));
         }
     }
     return c;
