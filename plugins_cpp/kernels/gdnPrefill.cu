@@ -213,7 +213,8 @@ constexpr int kNoTma = 4;
 // With the o tile stored by the copy engine (v11, the scan after the prep 3% faster), one same-process A/B:
 // 16 -> 1.375, 24 -> 1.396, 32 -> 1.440, 48 -> 1.459 ms (16 ahead in each of 5 rounds). Since the scan got faster
 // (v17) an item (~16 us) takes about as long as the scan needs for 16 chunks, so at 16 an item released by the
-// throttle is often late (notes v18: 1x64K single calls 1.251 -> 1.196 ms at 20, 1.225 at 24).
+// throttle is often late. Notes v18, 1x64K single calls with the v18 prep, same-process A/Bs: 16 1.251 against
+// 20 1.196 ms; in a later call 18 1.252, 20 1.202, 22 1.222.
 constexpr int kThrottleChunks = 20;
 // Beside the prep, the wgmma scan's V-tile CTAs of a value head run as clusters of 2 (one TPC; the prep keeps
 // whole TPCs). Same-process A/Bs on the H100 (notes v16), outputs bitwise equal: 1x4K 0.108 -> 0.106 ms,

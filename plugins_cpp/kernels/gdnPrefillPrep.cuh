@@ -41,7 +41,7 @@ struct PrepSmem
         {
             float L[kC][LS];       // decayed, beta-scaled strictly lower k.k^T of the current value head
             float X[kC][LS];       // (I + L)^-1
-            float R[4][16][RS];    // per-warp 16x16 scratch of the block-row products
+            float R[4][16][RS];    // per-warp 16x16 block products (T_0c is read by warp 2 + c too)
         } inv;
     } u;
     // the current value head's gate sums and betas, one copy per warp (each warp computes them itself: no CTA
