@@ -1,10 +1,12 @@
 // Prep kernel of the chunked prefill (gdnPrefillChunked.cuh has the workspace layout and the math),
 // private to gdnPrefill.cu: per (chunk id, key head) item, q.k^T, k.k^T and the diagonal of q.q^T (the
 // squared norms) on tensor cores (mma.sync), then per value head of the group the gates' cumulative sum (each
-// warp its own copy), the decayed L and Aqk, (I + L)^-1 by 16x16 blocks (fp32 forward substitution on the
-// diagonal blocks, tf32 tensor-core products below them, in two levels: the 32x32 diagonal halves, then their
-// off-diagonal block) and the workspace slot (Tm', Aqk, per-token factors): 3 CTA barriers per value head. One
-// item per CTA, or beside the scan a persistent grid that keeps SMs free for it and publishes ready counters.
+// warp its own copy), the decayed L and Aqk (each warp's rows compiled for that warp; left of its diagonal
+// block a decay is a row factor times a column factor, no ex2 per entry), (I + L)^-1 by 16x16 blocks (fp32
+// forward substitution on the diagonal blocks, tf32 tensor-core products below them, in two levels: the 32x32
+// diagonal halves, then their off-diagonal block) and the workspace slot (Tm', Aqk, per-token factors): 3 CTA
+// barriers per value head. One item per CTA, or beside the scan a persistent grid that keeps SMs free for it
+// and publishes ready counters.
 #pragma once
 
 #include "gdnPrefillChunked.cuh"
@@ -48,6 +50,7 @@ struct PrepSmem
     // barrier between the gates and their use; 16-byte aligned: read as float2 / float4 vectors)
     alignas(16) float G[4][kC];
     alignas(16) float beta[4][kC];
+    alignas(16) float cf[4][kC];  // warp w's column factors rk_j 2^(G_16w - G_j), j < 16w (its own copy)
     alignas(16) float qs[kC];
     alignas(16) float rk[kC];
 };
@@ -80,6 +83,99 @@ __device__ __forceinline__ void storeBlock16(float* dst, int ld, float const (&a
         float* d = dst + gr * ld + 8 * nt + 2 * qd;
         *reinterpret_cast<float2*>(d) = make_float2(sg * acc[nt][0], sg * acc[nt][1]);
         *reinterpret_cast<float2*>(d + 8 * ld) = make_float2(sg * acc[nt][2], sg * acc[nt][3]);
+    }
+}
+
+// Gram products of warp W (rows 16W..16W+15): k.k^T and q.k^T (n8 tiles of the column blocks <= W) and the
+// diagonal block of q.q^T. (A copy per warp, W a template argument as in prepRows: H100, notes v19, the prep alone
+// at 1x16K 143.0 -> 141.3 us, but 1x64K beside the scan 1.197 -> 1.205 ms, and 163.0 us with both copies.)
+template <typename T, int K>
+__device__ __forceinline__ void prepGram(
+    PrepSmem<T, K>& sm, float (&kk)[8][4], float (&qk)[8][4], float (&qq)[2][4], int W, int lane)
+{
+    constexpr int KS = PrepSmem<T, K>::KS;
+    int const aRow = ((lane >> 3) & 1) * 8 + (lane & 7), aCol = (lane >> 4) * 8;
+    uint32_t const aBaseK = smemAddr(&sm.u.in.k[16 * W + aRow][aCol]);
+    uint32_t const aBaseQ = aBaseK - uint32_t(sizeof(sm.u.in.q));  // (q precedes k: an immediate offset)
+#pragma unroll
+    for (int s = 0; s < K / 16; ++s)
+    {
+        // A fragments straight from ldmatrix (lanes 8m..8m+7: rows 8 (m & 1) + 0..7, columns 8 (m >> 1) of the k16
+        // step: (0-7,lo), (8-15,lo), (0-7,hi), (8-15,hi), the fragment's register order, so no moves)
+        uint32_t a1[4], a2[4];
+        ldsmX4(a1, aBaseK + 32u * s);
+        ldsmX4(a2, aBaseQ + 32u * s);
+        {
+            uint32_t b[4];
+            ldsmX4(b, ldsmRowsNK(&sm.u.in.q[0][0], KS, W, s, lane));
+            mma16816<T>(qq[0], a2, b[0], b[1]);
+            mma16816<T>(qq[1], a2, b[2], b[3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            if (j > W)
+                break;  // only the lower triangle (column blocks <= row block) is used
+            uint32_t b[4];
+            ldsmX4(b, ldsmRowsNK(&sm.u.in.k[0][0], KS, j, s, lane));
+            mma16816<T>(kk[2 * j], a1, b[0], b[1]);
+            mma16816<T>(kk[2 * j + 1], a1, b[2], b[3]);
+            mma16816<T>(qk[2 * j], a2, b[0], b[1]);
+            mma16816<T>(qk[2 * j + 1], a2, b[2], b[3]);
+        }
+    }
+}
+
+// Warp W's rows of L and Aqk for one value head (gate sums Gw in log2 units, betas bw, column factors cfw):
+// L_ij = beta_i rk_i rk_j 2^{G_i - G_j} k_i.k_j (j < i) into shared memory and Aqk_ij = qs_i rk_j 2^{G_i - G_j}
+// q_i.k_j (j <= i) to the workspace, from the accumulators of rows i = 8 rg + lane/4 (rg = 2W + hh), columns
+// 8 j + 2 (lane%4) + {0, 1}. Left of the warp's diagonal 16x16 block the decay is the product of a row factor
+// 2^{G_i - G_16W} and the column factor rk_j 2^{G_16W - G_j} (both <= 1: no overflow, and the product
+// underflows only where the decay does); in the diagonal block it is one ex2 per entry, the 8x8 diagonal
+// block masked; above it Aqk = 0 and L is not written (the inverse reads only its lower blocks).
+template <typename T, int LS, int W>
+__device__ __forceinline__ void prepRows(float const (&kk)[8][4], float const (&qk)[8][4], float const* Gw,
+    float const* bw, float const* cfw, float const* rk, float const* qs, float (*L)[LS], T* aqkOut, int lane)
+{
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+    {
+        int const rg = 2 * W + hh, i = 8 * rg + (lane >> 2);
+        float const Gi = Gw[i], bi = bw[i] * rk[i], qi = qs[i];
+        float const rowf = W == 0 ? 1.f : exp2Ftz(Gi - Gw[16 * W]);
+        float const Bi = bi * rowf, Qi = qi * rowf;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+        {
+            int const jj = 8 * j + 2 * (lane & 3);
+            uint32_t packed = 0u;
+            if (j < 2 * W)
+            {
+                float2 const cj = *reinterpret_cast<float2 const*>(&cfw[jj]);
+                float const l0 = Bi * (cj.x * kk[j][2 * hh]), l1 = Bi * (cj.y * kk[j][2 * hh + 1]);
+                *reinterpret_cast<float2*>(&L[i][jj]) = make_float2(l0, l1);
+                packed = pack2<T>(Qi * (cj.x * qk[j][2 * hh]), Qi * (cj.y * qk[j][2 * hh + 1]));
+            }
+            else if (j <= rg)
+            {
+                float2 const Gj = *reinterpret_cast<float2 const*>(&Gw[jj]);
+                float2 const rj = *reinterpret_cast<float2 const*>(&rk[jj]);
+                // (2^{G_i - G_j} of j > i may overflow: only selected away below, never multiplied in)
+                float const d0 = exp2Ftz(Gi - Gj.x) * rj.x, d1 = exp2Ftz(Gi - Gj.y) * rj.y;
+                float l0 = bi * d0 * kk[j][2 * hh], l1 = bi * d1 * kk[j][2 * hh + 1];
+                float a0 = qi * d0 * qk[j][2 * hh], a1 = qi * d1 * qk[j][2 * hh + 1];
+                if (j == rg)
+                {
+                    l0 = jj < i ? l0 : 0.f;
+                    l1 = jj + 1 < i ? l1 : 0.f;
+                    a0 = jj <= i ? a0 : 0.f;
+                    a1 = jj + 1 <= i ? a1 : 0.f;
+                }
+                *reinterpret_cast<float2*>(&L[i][jj]) = make_float2(l0, l1);
+                packed = pack2<T>(a0, a1);
+            }
+            *reinterpret_cast<uint32_t*>(aqkOut + i * kC + jj) = packed;
+        }
     }
 }
 
@@ -159,36 +255,7 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             kk[j][e] = qk[j][e] = qq[j & 1][e] = 0.f;
-    int const aRow = ((lane >> 3) & 1) * 8 + (lane & 7), aCol = (lane >> 4) * 8;
-    uint32_t const aBaseK = smemAddr(&sm.u.in.k[aRow][aCol]);
-    uint32_t const aBaseQ = aBaseK - uint32_t(sizeof(sm.u.in.q));  // (q precedes k: an immediate offset)
-#pragma unroll
-    for (int s = 0; s < K / 16; ++s)
-    {
-        // A fragments straight from ldmatrix (lanes 8m..8m+7: rows 8 (m & 1) + 0..7, columns 8 (m >> 1) of the k16
-        // step: (0-7,lo), (8-15,lo), (0-7,hi), (8-15,hi), the fragment's register order, so no moves)
-        uint32_t a1[4], a2[4];
-        ldsmX4(a1, aBaseK + 2u * (16 * warp * KS + 16 * s));
-        ldsmX4(a2, aBaseQ + 2u * (16 * warp * KS + 16 * s));
-        {
-            uint32_t b[4];
-            ldsmX4(b, ldsmRowsNK(&sm.u.in.q[0][0], KS, warp, s, lane));
-            mma16816<T>(qq[0], a2, b[0], b[1]);
-            mma16816<T>(qq[1], a2, b[2], b[3]);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-        {
-            if (j > warp)
-                break;  // only the lower triangle (column blocks <= row block) is used
-            uint32_t b[4];
-            ldsmX4(b, ldsmRowsNK(&sm.u.in.k[0][0], KS, j, s, lane));
-            mma16816<T>(kk[2 * j], a1, b[0], b[1]);
-            mma16816<T>(kk[2 * j + 1], a1, b[2], b[3]);
-            mma16816<T>(qk[2 * j], a2, b[0], b[1]);
-            mma16816<T>(qk[2 * j + 1], a2, b[2], b[3]);
-        }
-    }
+    prepGram<T, K>(sm, kk, qk, qq, warp, lane);
     // inverse norms: diagonal element r of the 16x16 block sits in n8 tile r/8, row g = r%8 (c index
     // 2 (r/8) + r%2) of the lane with g = r%8, q = g/2: 8 lanes hold two rows each
     float const scale = effectiveScale(p.scale, K);
@@ -247,45 +314,26 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
             Gw[lane + 32] = g[1] * kLog2e;
             bw[lane] = b[0];
             bw[lane + 32] = b[1];
+            // column factors rk_j 2^{G_16w - G_j} of the columns j < 16 w left of the warp's diagonal block
+            float const gd = __shfl_sync(0xffffffffu, warp < 2 ? g[0] : g[1], (16 * warp) & 31);
+            if (lane < 16 * warp)
+                sm.cf[warp][lane] = sm.rk[lane] * exp2Ftz((gd - g[0]) * kLog2e);
+            if (lane + 32 < 16 * warp)
+                sm.cf[warp][lane + 32] = sm.rk[lane + 32] * exp2Ftz((gd - g[1]) * kLog2e);
             __syncwarp();
         }
         int64_t const slot = (int64_t)id * Hv + h;
         T* aqkOut = static_cast<T*>(ws.aqk) + slot * (kC * kC);
         T* tmOut = static_cast<T*>(ws.tm) + slot * (kC * kC);
         float* gqOut = ws.gq + slot * (4 * kC);
-        // L_ij = beta_i rk_i rk_j e^{G_i - G_j} k_i.k_j (j < i) and Aqk_ij = qs_i rk_j e^{G_i - G_j} q_i.k_j
-        // (j <= i) from the accumulators of rows i = 8 rg + lane/4 (rg = 2 warp + hh), columns 8 j + 2 (lane%4)
-        // + {0, 1}. Per warp-uniform n8 block: below the row group all entries, the diagonal 8x8 block
-        // masked, above it Aqk = 0 and L not written (the inverse reads only its lower blocks).
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
         {
-            int const rg = 2 * warp + hh, i = 8 * rg + (lane >> 2);
-            float const Gi = Gw[i], bi = bw[i] * sm.rk[i], qi = sm.qs[i];
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
+            constexpr int LS = PrepSmem<T, K>::LS;
+            switch (warp)  // (compile-time rows: no branch on the warp in the unrolled loop)
             {
-                int const jj = 8 * j + 2 * (lane & 3);
-                uint32_t packed = 0u;
-                if (j <= rg)
-                {
-                    float2 const Gj = *reinterpret_cast<float2 const*>(&Gw[jj]);
-                    float2 const rj = *reinterpret_cast<float2 const*>(&sm.rk[jj]);
-                    // (e^{G_i - G_j} of j > i may overflow: only selected away below, never multiplied in)
-                    float const d0 = exp2Ftz(Gi - Gj.x) * rj.x, d1 = exp2Ftz(Gi - Gj.y) * rj.y;
-                    float l0 = bi * d0 * kk[j][2 * hh], l1 = bi * d1 * kk[j][2 * hh + 1];
-                    float a0 = qi * d0 * qk[j][2 * hh], a1 = qi * d1 * qk[j][2 * hh + 1];
-                    if (j == rg)
-                    {
-                        l0 = jj < i ? l0 : 0.f;
-                        l1 = jj + 1 < i ? l1 : 0.f;
-                        a0 = jj <= i ? a0 : 0.f;
-                        a1 = jj + 1 <= i ? a1 : 0.f;
-                    }
-                    *reinterpret_cast<float2*>(&sm.u.inv.L[i][jj]) = make_float2(l0, l1);
-                    packed = pack2<T>(a0, a1);
-                }
-                *reinterpret_cast<uint32_t*>(aqkOut + i * kC + jj) = packed;
+            case 0: prepRows<T, LS, 0>(kk, qk, Gw, bw, sm.cf[0], sm.rk, sm.qs, sm.u.inv.L, aqkOut, lane); break;
+            case 1: prepRows<T, LS, 1>(kk, qk, Gw, bw, sm.cf[1], sm.rk, sm.qs, sm.u.inv.L, aqkOut, lane); break;
+            case 2: prepRows<T, LS, 2>(kk, qk, Gw, bw, sm.cf[2], sm.rk, sm.qs, sm.u.inv.L, aqkOut, lane); break;
+            default: prepRows<T, LS, 3>(kk, qk, Gw, bw, sm.cf[3], sm.rk, sm.qs, sm.u.inv.L, aqkOut, lane); break;
             }
         }
         // (I + L)^-1 by 16x16 blocks X_ab (tf32 tensor-core products, fp32 accumulate; their rounding, 2^-11, is
