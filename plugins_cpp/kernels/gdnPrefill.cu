@@ -217,10 +217,6 @@ constexpr int kNoTma = 4;
 // 20 1.196 ms; in a later call 18 1.252, 20 1.202, 22 1.222. With the v19 prep (3 CTAs per SM): 16 1.160, 20
 // 1.162, 24 1.157-1.214 (bimodal over rounds).
 constexpr int kThrottleChunks = 20;
-// Beside the scan, the persistent prep grid runs at most this many CTAs per SM (of the 4 that fit). H100, 1x64K,
-// same-process A/Bs with the v19 prep item (notes v19): 4 -> 3 CTAs single calls 1.200 -> 1.162 ms, queued 1.205
-// -> 1.173; 2: 1.421 (the scan waits on the prep). With the v18 item 3 CTAs were no faster (1.198 -> 1.206).
-constexpr int kPrepCtasPerSmBeside = 3;
 // Beside the prep, the wgmma scan's V-tile CTAs of a value head run as clusters of 2 (one TPC; the prep keeps
 // whole TPCs). Same-process A/Bs on the H100 (notes v16), outputs bitwise equal: 1x4K 0.108 -> 0.106 ms,
 // 1x16K 0.336 -> 0.331, 1x64K 1.253 -> 1.237 (9 rounds). (Loading the pair's shared tiles once by TMA multicast was
@@ -345,7 +341,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         {
             int perSm = 0;
             GDN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kern, 128, smem));
-            perSm = std::min(perSm, kPrepCtasPerSmBeside);
+            perSm = std::min(perSm, prefill_chunked::kPrepCtasPerSmBeside<K>);
             grid = std::min<int64_t>(items, int64_t(std::max(perSm, 1)) * smCount());
         }
         kern<<<unsigned(grid), 128, smem, stream>>>(p, ws, int(items));  // chunk-major (chunk, key head) items

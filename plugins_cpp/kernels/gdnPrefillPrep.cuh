@@ -473,6 +473,12 @@ __device__ __forceinline__ bool prepKeepsSmForScan(ChunkWs const& ws, int* bcast
 // 1.829; K = 256 keeps 3)
 template <int K>
 constexpr int kPrepCtasPerSm = K <= 128 ? 4 : 3;
+// Beside the scan, the persistent prep grid runs at most this many CTAs per SM (of the kPrepCtasPerSm that fit).
+// H100, 1x64K, same-process A/Bs with the v19 prep item (notes v19): 4 -> 3 CTAs single calls 1.200 -> 1.162 ms,
+// queued 1.205 -> 1.173; 2: 1.421 (the scan waits on the prep). With the v18 item 3 CTAs were no faster (1.198 ->
+// 1.206).
+template <int K>
+constexpr int kPrepCtasPerSmBeside = kPrepCtasPerSm<K> < 3 ? kPrepCtasPerSm<K> : 3;
 
 // Beside the scan, the prep CTAs of slot s on an SM (blockIdx.x / SMs: the persistent grid fills the SMs slot by
 // slot) take their first item s x kStaggerNs after the start, so that the first chunks' items share their SMs
@@ -484,7 +490,7 @@ constexpr unsigned long long kStaggerNs = 2000;
 template <int K>
 __device__ __forceinline__ void prepStaggeredStart()
 {
-    unsigned const slot = blockIdx.x / max(1u, gridDim.x / unsigned(kPrepCtasPerSm<K>));
+    unsigned const slot = blockIdx.x / max(1u, gridDim.x / unsigned(kPrepCtasPerSmBeside<K>));
     if (slot > 0 && threadIdx.x == 0)
     {
         unsigned long long const t0 = globalTimerNs();
