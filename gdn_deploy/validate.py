@@ -91,6 +91,8 @@ def _check_common(op: OpSpec, a: dict[str, Any], attrs: dict[str, Any], allow64:
     for n in ("g", "beta"):
         if a[n].dtype not in io_ok:
             raise contract_error("dtype_fixed", name=n, got=_dtype_name(a[n]), want="float32, float16 or bfloat16")
+    if beta.dtype != g.dtype:   # one gate type G: the kernels read both with g's type
+        raise contract_error("dtype_gate", got=_dtype_name(beta), want=_dtype_name(g))
     rows, Hk, K = q.shape
     Hv, V = v.shape[1], v.shape[2]
     if K < 1:   # an empty head (K = 0) has no 1/sqrt(K) scale

@@ -78,6 +78,10 @@ CASES: list[tuple[str, str, dict, Callable, str, str]] = [
     ("v_bf16_vs_q_float", "decode", {}, setv("v", lambda a: a["v"].bfloat16()), "dtype_io", "v:"),
     ("g_int", "prefill", {}, setv("g", lambda a: a["g"].to(torch.int64)), "dtype_fixed", "g:"),
     ("beta_float64", "decode", {}, setv("beta", lambda a: a["beta"].double()), "dtype_fixed", "beta:"),
+    # g float32 with beta bf16 is what HF Qwen3.5 / Qwen3-Next compute; the kernels read both with one type
+    ("beta_bf16_vs_g_float", "prefill", {}, setv("beta", lambda a: a["beta"].bfloat16()), "dtype_gate", "beta:"),
+    ("beta_half_vs_g_float_raw", "decode_pool", {"gate_mode": 1}, setv("beta", lambda a: a["beta"].half()),
+     "dtype_gate", "beta:"),
     ("cu_int64", "prefill", {}, setv("cu_seqlens", lambda a: a["cu_seqlens"].long()), "dtype_fixed", "cu_seqlens:"),
     ("h0_half", "prefill", {}, setv("initial_state", lambda a: a["initial_state"].half()), "dtype_fixed",
      "initial_state:"),

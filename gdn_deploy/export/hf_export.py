@@ -52,6 +52,17 @@ def _pack(x: Tensor) -> Tensor:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
+def _one_gate_dtype(g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """g and beta in one dtype (the contract's gate type G), the wider of the two.
+
+    HF computes g in float32 (from ``A_log.float()``) and beta = sigmoid(b) in the model dtype
+    (bf16 for real checkpoints); widening beta to float32 is exact."""
+    if g.dtype == beta.dtype:
+        return g, beta
+    wide = torch.promote_types(g.dtype, beta.dtype)
+    return g.to(wide), beta.to(wide)
+
+
 def _chunk_adapter(query, key, value, g, beta, chunk_size: int = 64, initial_state=None,
                    output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                    cu_seqlens=None, **_: Any):
@@ -66,6 +77,7 @@ def _chunk_adapter(query, key, value, g, beta, chunk_size: int = 64, initial_sta
         n = cu.shape[0] - 1
     if initial_state is None:
         initial_state = torch.zeros(n, Hv, K, V, dtype=torch.float32, device=query.device)
+    g, beta = _one_gate_dtype(g, beta)
     o, state = torch.ops.gdn.prefill(_pack(query), _pack(key), _pack(value), _pack(g), _pack(beta), cu,
                                      initial_state.to(torch.float32), None, None, gate_mode=0,
                                      use_qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), scale=0.0,
@@ -81,6 +93,7 @@ def _recurrent_adapter(query, key, value, g, beta, initial_state=None, output_fi
         return _chunk_adapter(query, key, value, g, beta, initial_state=initial_state,
                               output_final_state=output_final_state,
                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    g, beta = _one_gate_dtype(g, beta)
     o, state = torch.ops.gdn.decode(query[:, 0], key[:, 0], value[:, 0], g[:, 0], beta[:, 0],
                                     initial_state.to(torch.float32), None, None, gate_mode=0,
                                     use_qk_l2norm=int(bool(use_qk_l2norm_in_kernel)), scale=0.0,

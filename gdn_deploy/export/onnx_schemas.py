@@ -117,6 +117,7 @@ def infer_node(op: OpSpec, ctx) -> None:
     types = {n: _tensor_type(ctx, i) for i, n in enumerate(names)}
     spec_in = {t.name: t for t in op.inputs}
     io_elem = types["q"].tensor_type.elem_type if types["q"] is not None else None
+    gate_elem = types["g"].tensor_type.elem_type if types["g"] is not None else None
     for n in names:
         t, want = types[n], spec_in[n].dtype
         if t is None:
@@ -126,6 +127,8 @@ def infer_node(op: OpSpec, ctx) -> None:
             _fail(op, f"input {n} has element type {onnx.helper.tensor_dtype_to_np_dtype(elem)}, expected {want}")
         if want == "T" and io_elem is not None and elem != io_elem:
             _fail(op, f"input {n} must have the dtype of q")
+        if want == "G" and gate_elem is not None and elem != gate_elem:
+            _fail(op, f"input {n} must have the dtype of g (g and beta share the gate type G)")
         dims = _dims(t)
         if dims is not None and len(dims) != len(spec_in[n].shape):
             _fail(op, f"input {n} has rank {len(dims)}, expected {len(spec_in[n].shape)} {list(spec_in[n].shape)}")

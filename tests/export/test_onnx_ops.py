@@ -64,6 +64,12 @@ def test_schemas_follow_spec_and_infer_shapes():
     assert [d.dim_param or d.dim_value for d in types["o"].shape.dim] == ["T", 4, 8]
     assert types["s"].elem_type == TensorProto.FLOAT
     assert [d.dim_param or d.dim_value for d in types["s"].shape.dim] == ["N", 4, 16, 8]
+    # g and beta share the gate type G: a bf16 beta beside a float g is an inference error
+    bad = onnx.ModelProto()
+    bad.CopyFrom(m)
+    bad.graph.input[4].type.tensor_type.elem_type = TensorProto.BFLOAT16
+    with pytest.raises(Exception, match="beta must have the dtype of g"):
+        onnx.shape_inference.infer_shapes(bad, strict_mode=True)
     # gate_mode=1 needs A_log and dt_bias: 7 inputs is an inference error
     m.graph.node[0].attribute.append(helper.make_attribute("gate_mode", 1))
     with pytest.raises(Exception, match="need 9"):
