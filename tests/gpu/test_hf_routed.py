@@ -8,6 +8,7 @@ Head dims are 64/128 so the CUDA kernels run (not the reference fallback).
 from __future__ import annotations
 
 import contextlib
+import copy
 import warnings
 
 import pytest
@@ -79,35 +80,46 @@ def _calls(monkeypatch):
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 def test_hf_model_routed_to_kernels_matches_hf(kernels, seed, family, monkeypatch):
+    """bf16 model: our path must be as close to the model's fp32 logits as HF's own bf16 path is.
+
+    (Two bf16 computations of a MoE model differ by more than bf16 rounding: a router near a tie
+    picks another expert. So both bf16 paths are measured against the fp32 model, not each other.)"""
     model = _tiny(family, seed)
+    model32 = copy.deepcopy(model).float()
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 256, (2, 300), generator=gen).cuda()
     calls = _calls(monkeypatch)
     with torch.no_grad():
-        ref = model(ids).logits.float()
+        ref32 = model32(ids).logits.float()
+        hf16 = model(ids).logits.float()
         with _routed(model):
-            got = model(ids).logits.float()
+            ours = model(ids).logits.float()
     assert calls["prefill"] == 3, calls
-    e = rel_err(got, ref)
-    assert e <= LOGIT_TOL, f"{family}: prefill logits rel err {e:.3e} (routed vs HF)"
+    e_hf, e_ours = rel_err(hf16, ref32), rel_err(ours, ref32)
+    assert e_ours <= max(2 * e_hf, LOGIT_TOL), \
+        f"{family}: routed logits rel err {e_ours:.3e} vs fp32, HF's own bf16 path {e_hf:.3e}"
 
-    # greedy generation: HF's own path, then the routed model teacher-forced on HF's tokens; every
-    # routed argmax must be HF's token unless HF's top-2 margin there is within the bf16 noise
+    # greedy generation: HF's path and ours; then ours teacher-forced on HF's tokens. Where our token
+    # differs from HF's, the fp32 model must rank the two within HF's own bf16 noise at that position.
     prompt = ids[:, :37]
     with torch.no_grad():
         hf = model.generate(prompt, max_new_tokens=24, do_sample=False, min_new_tokens=24)
         with _routed(model):
             routed = model.generate(prompt, max_new_tokens=24, do_sample=False, min_new_tokens=24)
             forced = model(hf).logits.float()
-        ref_forced = model(hf).logits.float()
+        hf_forced = model(hf).logits.float()
+        ref_forced = model32(hf).logits.float()
     assert calls["decode"] >= 23 * 3, calls           # one-token steps went through gdn::decode
     new = slice(prompt.shape[1] - 1, hf.shape[1] - 1)
     want = hf[:, new.start + 1:new.stop + 1]
-    top2 = ref_forced[:, new].topk(2, dim=-1).values
-    margin = (top2[..., 0] - top2[..., 1])
-    spread = ref_forced[:, new].std()
-    close = margin <= LOGIT_TOL * 4 * spread
-    agree = (forced[:, new].argmax(-1) == want) | close
+    pick = forced[:, new].argmax(-1)
+    ref = ref_forced[:, new]
+    gap = (ref.gather(-1, want[..., None]) - ref.gather(-1, pick[..., None]))[..., 0].abs()
+    noise = (hf_forced[:, new] - ref).abs().amax(-1)
+    agree = (pick == want) | (gap <= 2 * noise)
     assert bool(agree.all()), f"{family}: routed argmax differs from HF at {(~agree).nonzero().tolist()[:5]}"
-    if not bool(close.any()):   # no near-tie anywhere: free-running greedy tokens must be identical
-        assert torch.equal(routed, hf), f"{family}: greedy tokens differ"
+    # the free-running routed generation (its steps decoded through gdn::decode) starts with the token
+    # its prefill picks: HF's first token unless that position is a near-tie
+    P = prompt.shape[1]
+    first_ok = (routed[:, P] == hf[:, P]) | (gap[:, 0] <= 2 * noise[:, 0])
+    assert bool(first_ok.all()), f"{family}: first generated token differs from HF"
