@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "kernels")]
 kernels = None  # gdn_deploy.kernels, imported in main() (needs a CUDA device)
 from bench_kernels import time_queued  # noqa: E402  (benchmarks/bench_kernels.py)
 from conftest import make_prefill_inputs, rel_err  # noqa: E402  (tests/conftest.py)

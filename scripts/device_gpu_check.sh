@@ -72,7 +72,7 @@ python3 -c 'import gdn_deploy.kernels as k; print("kernels:", k.LIB_PATH, "prefi
 
 if [[ $tests -eq 1 ]]; then
   # shellcheck disable=SC2086
-  step tests "${GDN_T_TESTS:-200}" python3 -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=5 ${GDN_PYTEST_ARGS:-}
+  step tests "${GDN_T_TESTS:-200}" python3 -m pytest tests/kernels -q -rs -p no:cacheprovider --durations=5 ${GDN_PYTEST_ARGS:-}
   grep -E "passed|failed|error|skipped" "$out/tests.log" | tail -1 | sed 's/^/  tests: /' | tee -a "$summary"
 fi
 

@@ -26,12 +26,12 @@ SKIP_REASON = _skip_reason()
 
 
 def pytest_collection_modifyitems(config, items):
-    if SKIP_REASON is None:
-        return
-    mark = pytest.mark.skip(reason=SKIP_REASON)
+    skip = None if SKIP_REASON is None else pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
         if _HERE in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(mark)
+            item.add_marker(pytest.mark.gpu)
+            if skip is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
