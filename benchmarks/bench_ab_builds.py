@@ -40,6 +40,7 @@ def main() -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     import gdn_deploy.kernels as kernels  # (GDN_KERNELS_LIB or build/: the binding's types and helpers)
+    kernels.load()  # the library alone (KernelsUnavailable says why not)
     from bench_kernels import _fla, gpu_busy_ms, time_queued
     from bench_prefill_variants import qwen3next_inputs
 

@@ -434,9 +434,10 @@ def main(argv=None):
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to benchmark")
         return 2
+    import gdn_deploy.kernels as kernels
     try:
-        import gdn_deploy.kernels as kernels
-    except ImportError as e:
+        kernels.load()  # the library alone
+    except kernels.KernelsUnavailable as e:
         log(f"[ours] unavailable: {e}")
         kernels = None
     fla_chunk, fla_rec = (None, None) if a.no_fla else _fla()

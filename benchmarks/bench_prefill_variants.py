@@ -137,6 +137,7 @@ def main():
     a = ap.parse_args()
     global kernels
     import gdn_deploy.kernels as kernels  # noqa: E402
+    kernels.load()  # the library alone (KernelsUnavailable says why not)
     variants = [int(x) for x in a.variants.split(",")]
     fn = tuned_fn()
     print(torch.cuda.get_device_name(), flush=True)

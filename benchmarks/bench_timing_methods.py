@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # noqa: E402
 import torch
 import gdn_deploy.kernels as kernels
+kernels.load()  # the library alone (KernelsUnavailable says why not)
 from bench_kernels import _fla, time_events, time_queued as queued
 from torch.profiler import ProfilerActivity, profile
 

@@ -5,8 +5,9 @@
 - ``gdn::decode_pool_`` GatedDeltaDecode, state_mode 1: updates ``pool`` in place at ``slots`` -> o
 
 The default implementation (every device) is the PyTorch reference of
-:mod:`gdn_deploy.reference`; :mod:`gdn_deploy.kernels` registers the CUDA kernels for
-the ``cuda`` device when its library is built. Fake implementations give shapes for
+:mod:`gdn_deploy.reference`; importing this module calls :func:`gdn_deploy.kernels.register`,
+which registers the CUDA kernels for the ``cuda`` device when the library is built and usable
+(a warning says why not when it exists but cannot be used; ``GDN_REQUIRE_KERNELS=1`` makes that an error). Fake implementations give shapes for
 ``torch.export``/``torch.compile`` tracing and ONNX export.
 """
 from __future__ import annotations
@@ -94,12 +95,6 @@ def _(q, k, v, g, beta, pool, slots, A_log=None, dt_bias=None, gate_mode=_DD["ga
     return v.new_empty(v.shape)
 
 
-def _load_cuda_kernels() -> None:
-    """Register the CUDA implementations when the kernel library is available (no-op otherwise)."""
-    try:
-        from . import kernels  # noqa: F401  (registers on import)
-    except ImportError:
-        pass
+from . import kernels as _kernels  # noqa: E402  (after the op definitions: registers their CUDA kernels)
 
-
-_load_cuda_kernels()
+_kernels.register()

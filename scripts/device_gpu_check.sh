@@ -68,7 +68,8 @@ if [[ $build -eq 1 ]]; then
   fi
 fi
 export GDN_KERNELS_LIB=${GDN_KERNELS_LIB:-$root/build/plugins_cpp/kernels/libgdn_kernels.so}
-python3 -c 'import gdn_deploy.kernels as k; print("kernels:", k.LIB_PATH, "prefill:", k.HAS_PREFILL, k.PREFILL_UNAVAILABLE_REASON)' 2>&1 | tail -2 | tee -a "$summary"
+export GDN_REQUIRE_KERNELS=1   # a missing or broken kernel library fails the GPU tests instead of skipping them
+python3 -c 'import gdn_deploy.ops; import gdn_deploy.kernels as k; print("kernels:", k.status())' 2>&1 | tail -2 | tee -a "$summary"
 
 if [[ $tests -eq 1 ]]; then
   # shellcheck disable=SC2086

@@ -114,7 +114,7 @@ def _trt_runner(path: Path, lib: Path, profile_shapes: dict[str, dict[str, list[
     from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnxBytes,
                                         Profile, TrtRunner)
 
-    from ..plugins import prepare_onnx_for_tensorrt
+    from ..onnx_nodes import prepare_onnx_for_tensorrt
     prof = Profile()
     for name, s in profile_shapes.items():
         prof.add(name, min=s["min"], opt=s["opt"], max=s["max"])

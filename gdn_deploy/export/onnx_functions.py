@@ -23,6 +23,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from ..onnx_nodes import iter_gdn_nodes
 from ..spec import GATE_RAW, PREFILL, SPEC, STATE_POOL, OpSpec
 
 __all__ = ["add_function_bodies", "overload_name", "make_function", "node_attrs", "MIN_OPSET"]
@@ -216,19 +217,6 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int) -> onnx.Functio
         SPEC.domain, op.name, in_names, out_names, b.nodes,
         [helper.make_opsetid("", opset)], attribute_protos=defaults, overload=overload_name(op, attrs),
         doc_string=f"onnxruntime body of {SPEC.domain}::{op.name} for {overload_name(op, attrs)} (standard ONNX ops)")
-
-
-def iter_gdn_nodes(graph: onnx.GraphProto):
-    """Every gdn node of ``graph``, subgraphs (Loop/If/Scan bodies) included."""
-    for node in graph.node:
-        if node.domain == SPEC.domain and node.op_type in SPEC.ops:
-            yield node
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from iter_gdn_nodes(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    yield from iter_gdn_nodes(g)
 
 
 def default_opset(model: onnx.ModelProto) -> int:

@@ -29,7 +29,7 @@ from torch import Tensor
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.gdn.*)
 from ..spec import DECODE, PREFILL, SPEC, STATE_POOL, contract_error
 from .onnx_functions import MIN_OPSET, add_function_bodies
-from ..plugins import stamp_plugin_attributes
+from ..onnx_nodes import gdn_nodes, stamp_plugin_attributes
 from .onnx_schemas import register_schemas
 
 __all__ = ["register_schemas", "translation_table", "add_function_bodies", "export_program",
@@ -176,11 +176,6 @@ def _check_pool_outputs(ep, new_pools: list[str]) -> None:
                 f"gdn.decode_pool_ updates {s.target!r} in place, but forward() does not return it. ONNX has no "
                 "in-place update: return the pool from forward() so the updated pool becomes a graph output "
                 "(and make it a forward() input, not a module buffer).")
-
-
-def gdn_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The gdn-domain nodes of the main graph."""
-    return [n for n in model.graph.node if n.domain == SPEC.domain]
 
 
 def _export_dims(dynamic_shapes):

@@ -1,39 +1,118 @@
 """CUDA implementations of the ``gdn`` torch ops, backed by ``libgdn_kernels.so`` (ctypes).
 
-Importing this package loads the library (``GDN_KERNELS_LIB``, else ``build/plugins_cpp/kernels/
+:func:`register` loads the library (``GDN_KERNELS_LIB``, else ``build/plugins_cpp/kernels/
 libgdn_kernels.so`` under the repository, else next to this package) and registers CUDA kernels
 for ``gdn::decode``, ``gdn::decode_pool_`` and, when the library was built with the prefill kernel,
-``gdn::prefill``. It raises ``ImportError`` with the reason when there is no CUDA device or no
-usable library (``gdn_deploy.ops`` then keeps the PyTorch reference for every device).
+``gdn::prefill``. :mod:`gdn_deploy.ops` calls it once after defining the ops; on a machine without
+a CUDA device or without a built library the ops keep the PyTorch reference for every device.
+A library that exists but cannot be used (wrong struct layout, missing symbols, not loadable) is
+reported with a warning; with ``GDN_REQUIRE_KERNELS=1`` every reason the kernels are unavailable
+is an error instead (the GPU test suite and ``scripts/device_gpu_check.sh`` set it).
+:func:`load` loads and checks the library alone (benchmarks use it without the torch ops).
 
 Inputs are validated with :mod:`gdn_deploy.validate` (value checks, which sync with the device,
 only when the current stream is not capturing a CUDA graph), made contiguous, and outputs and
 the prefill workspace are allocated with torch's caching allocator: the ops are graph-capturable.
-Shapes the kernels do not support (head dims outside {64, 128, 256}) run the PyTorch reference.
+Shapes the kernels do not support (head dims outside the spec's kernel_head_dims) run the PyTorch
+reference with a one-time warning.
 """
 from __future__ import annotations
 
+import os
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .. import ops as _ops  # noqa: F401  (defines the custom ops before we register kernels)
 from .. import reference
 from ..spec import DECODE, PREFILL
 from ..validate import validate_decode, validate_prefill
 from . import launch
 from .library import GdnDecodeParams, GdnPrefillParams, find_library, load_library  # noqa: F401
 
-if not torch.cuda.is_available():
-    raise ImportError("gdn_deploy.kernels: no CUDA device (torch.cuda.is_available() is False)")
+REQUIRE_ENV = "GDN_REQUIRE_KERNELS"
 
-LIB = load_library()
-LIB_PATH = find_library()
-HAS_PREFILL = bool(LIB.gdnKernelsHasPrefillC())
-PREFILL_UNAVAILABLE_REASON = "" if HAS_PREFILL else launch.prefill_supports(LIB, GdnPrefillParams())
+LIB = None                        # the loaded ctypes library (after load()/register())
+LIB_PATH: Optional[Path] = None
+HAS_PREFILL = False
+PREFILL_UNAVAILABLE_REASON = "kernel library not loaded"
 _fallback_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    available: bool              # the CUDA kernels serve the torch ops on cuda tensors
+    reason: str                  # why not (empty when available)
+    lib_path: Optional[Path] = None
+    has_prefill: bool = False
+
+
+_STATUS: Optional[KernelStatus] = None
+
+
+class KernelsUnavailable(RuntimeError):
+    """Raised by :func:`load` / :func:`register` when the kernels cannot be used."""
+
+
+def _required() -> bool:
+    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+
+
+def load():
+    """Load and layout-check the kernel library (no torch.library registration); returns the ctypes library.
+
+    Raises :class:`KernelsUnavailable` with the reason when there is no CUDA device or no usable library."""
+    global LIB, LIB_PATH, HAS_PREFILL, PREFILL_UNAVAILABLE_REASON
+    if LIB is not None:
+        return LIB
+    if not torch.cuda.is_available():
+        raise KernelsUnavailable("no CUDA device (torch.cuda.is_available() is False)")
+    try:
+        lib = load_library()
+    except ImportError as e:
+        raise KernelsUnavailable(str(e)) from e
+    LIB, LIB_PATH = lib, find_library()
+    HAS_PREFILL = bool(lib.gdnKernelsHasPrefillC())
+    PREFILL_UNAVAILABLE_REASON = "" if HAS_PREFILL else launch.prefill_supports(lib, GdnPrefillParams())
+    return lib
+
+
+def register() -> KernelStatus:
+    """Load the library and register the CUDA kernels of the gdn torch ops (idempotent); returns the status.
+
+    The ops must be defined first (``import gdn_deploy.ops``, which calls this). Unavailable kernels are
+    not an error unless ``GDN_REQUIRE_KERNELS=1``; a library that is present but unusable warns."""
+    global _STATUS
+    if _STATUS is not None and (_STATUS.available or not _required()):
+        return _STATUS
+    try:
+        torch.ops.gdn.prefill  # noqa: B018  (the ops module defines them)
+    except (AttributeError, RuntimeError):
+        raise RuntimeError("gdn_deploy.kernels.register(): the gdn ops are not defined; import gdn_deploy.ops "
+                           "(it defines them and calls register())") from None
+    try:
+        load()
+    except KernelsUnavailable as e:
+        _STATUS = KernelStatus(False, str(e), find_library())
+        if _required():
+            raise KernelsUnavailable(f"gdn CUDA kernels required ({REQUIRE_ENV}=1) but unavailable: {e}") from e
+        if _STATUS.lib_path is not None and torch.cuda.is_available():
+            warnings.warn(f"gdn CUDA kernels unavailable, the ops run the PyTorch reference: {e}", stacklevel=3)
+        return _STATUS
+    torch.library.register_kernel("gdn::decode", "cuda", _decode_cuda)
+    torch.library.register_kernel("gdn::decode_pool_", "cuda", _decode_pool_cuda)
+    if HAS_PREFILL:
+        torch.library.register_kernel("gdn::prefill", "cuda", _prefill_cuda)
+    _STATUS = KernelStatus(True, "", LIB_PATH, HAS_PREFILL)
+    return _STATUS
+
+
+def status() -> KernelStatus:
+    """The result of the last :func:`register` (registering now if it never ran and the ops exist)."""
+    return _STATUS if _STATUS is not None else register()
 
 
 def _checks_values() -> bool:
@@ -146,9 +225,5 @@ def _prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bi
 
 _ATTRS4 = ("gate_mode", "use_qk_l2norm", "scale", "l2norm_eps")
 
-torch.library.register_kernel("gdn::decode", "cuda", _decode_cuda)
-torch.library.register_kernel("gdn::decode_pool_", "cuda", _decode_pool_cuda)
-if HAS_PREFILL:
-    torch.library.register_kernel("gdn::prefill", "cuda", _prefill_cuda)
-
-__all__ = ["LIB", "LIB_PATH", "HAS_PREFILL", "PREFILL_UNAVAILABLE_REASON", "launch", "load_library"]
+__all__ = ["LIB", "LIB_PATH", "HAS_PREFILL", "PREFILL_UNAVAILABLE_REASON", "KernelStatus", "KernelsUnavailable",
+           "REQUIRE_ENV", "launch", "load", "load_library", "register", "status"]

@@ -1,6 +1,8 @@
 """GPU tests: skipped as a whole, with the reason, when there is no CUDA GPU or no built kernel library.
 
 Build the library first: ``scripts/build_kernels.sh`` (or set GDN_KERNELS_LIB to a built .so).
+With ``GDN_REQUIRE_KERNELS=1`` (``scripts/device_gpu_check.sh`` sets it) an unusable library, or none,
+is an error that fails the run instead of a skip: a broken build must never pass as "skipped".
 """
 from __future__ import annotations
 
@@ -13,13 +15,10 @@ _HERE = Path(__file__).resolve().parent
 
 
 def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA GPU (torch.cuda.is_available() is False)"
-    try:
-        import gdn_deploy.kernels  # noqa: F401
-    except ImportError as e:
-        return f"gdn kernel library unavailable: {e}"
-    return None
+    import gdn_deploy.ops  # noqa: F401  (registers the kernels; raises under GDN_REQUIRE_KERNELS=1)
+    from gdn_deploy import kernels
+    st = kernels.status()
+    return None if st.available else f"gdn CUDA kernels unavailable: {st.reason}"
 
 
 SKIP_REASON = _skip_reason()
