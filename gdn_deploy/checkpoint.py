@@ -97,6 +97,15 @@ def _load_safetensors(path: Path) -> nn.Module:
     return model_from_state(kind, cfg, sd, str(path))
 
 
+def _unpickler_reason(e: BaseException) -> str:
+    """The informative line of torch's weights_only error (it wraps it in a long advice text)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if "Unsupported" in ln or "load key" in ln:
+            return ln.replace("WeightsUnpickler error: ", "")[:300]
+    return (lines[0] if lines else type(e).__name__)[:300]
+
+
 def load_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> nn.Module:
     """Load a GDNLM / GDNBlock from a gdn-deploy checkpoint (``.pt`` or ``.safetensors``) on the CPU.
 
@@ -112,13 +121,19 @@ def load_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> nn.Modul
     try:
         obj = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
+        if "Unsupported global" not in str(e):   # not objects refused by weights_only: a corrupt/foreign file
+            raise ValueError(f"{path}: not a readable torch checkpoint (corrupt, truncated or not a torch.save "
+                             f"file: {_unpickler_reason(e)})") from e
         if not allow_pickle:
             raise ValueError(
                 f"{path}: cannot be loaded with weights_only=True (it pickles Python objects, e.g. a whole "
                 "nn.Module). If you trust this file, pass allow_pickle=True (gdn_deploy.checkpoint.load_checkpoint"
                 "(path, allow_pickle=True)); unpickling runs arbitrary code from the file. Better: re-save it "
-                f"with save_checkpoint. ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
-        obj = torch.load(path, weights_only=False, map_location="cpu")
+                f"with save_checkpoint. ({_unpickler_reason(e)})") from e
+        try:
+            obj = torch.load(path, weights_only=False, map_location="cpu")
+        except Exception as e2:  # noqa: BLE001  (the unpickler raises anything the file's code raises)
+            raise ValueError(f"{path}: unpickling failed ({type(e2).__name__}: {e2})") from e2
         if isinstance(obj, nn.Module):
             if not isinstance(obj, (GDNLM, GDNBlock)):
                 raise ValueError(f"{path}: pickled module is a {type(obj).__name__}, not a GDNLM or GDNBlock")

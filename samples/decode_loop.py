@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from gdn_deploy.export.model_export import (ExportOptions, export_model, load_targets,  # noqa: E402
-                                            run_onnxruntime)
+from gdn_deploy.export.loading import load_targets  # noqa: E402
+from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
+from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 
 
 def encode(prompts: list[str], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,9 +73,13 @@ def test_tolerances_and_dtypes():
     assert set(SPEC.gate_dtypes) == set(SPEC.raw["type_constraints"]["G"])
     for dt in SPEC.io_dtypes:
         assert 0 < SPEC.kernel_tolerance(dt) < 0.1
-        atol, rtol = SPEC.runtime_tolerance(dt)
-        assert atol > 0 and rtol > 0
+        t = SPEC.check_tolerance(dt)
+        assert set(t) == {"atol", "rtol", "rel"} and all(v > 0 for v in t.values())
     assert SPEC.kernel_tolerance("float32") < SPEC.kernel_tolerance("float16")
+    # 16-bit export checks follow from the unit roundoff: atol = rtol = 64u, rel = 16u
+    for dt, u in (("float16", 2.0 ** -11), ("bfloat16", 2.0 ** -8)):
+        t = SPEC.check_tolerance(dt)
+        assert (t["atol"], t["rtol"], t["rel"]) == (64 * u, 64 * u, 16 * u)
 
 
 def test_chunk_size_is_the_reference_default():

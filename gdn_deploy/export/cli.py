@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Sequence
 
-EXIT_OK, EXIT_USAGE, EXIT_LOAD, EXIT_EXPORT, EXIT_MISMATCH = 0, 2, 3, 4, 5
+from ..errors import EXIT_CODES_HELP, ExitCode, UsageError, quiet_warnings, run_cli
 
 EPILOG = """\
 MODEL may be:
@@ -24,26 +22,25 @@ MODEL may be:
 
 Output (OUTDIR, default ./gdn_onnx): prefill.onnx, decode.onnx (and decode_pool.onnx), plus
 gdn_model.json (config, I/O names, shapes, dtypes, TensorRT optimisation profiles) that
-gdn-build and gdn-check read.
+gdn-build and gdn-check read, and per graph <graph>_inputs.json / <graph>_reference.json: a small
+random feed and the model's float32 PyTorch outputs on it (Polygraphy's formats). The export is
+then checked exactly as `gdn-check OUTDIR` checks it: onnxruntime against that float32
+reference, with the tolerance of the precision (gdn_model.json says which).
 
 examples:
   gdn-export                                   # tiny default model -> ./gdn_onnx
   gdn-export model.pt -o out --precision fp16
   gdn-export model.pt --graphs prefill,decode,decode_pool --max-tokens 16384 --max-seqs 128
   gdn-export ./Qwen3-Next-80B-A3B-Instruct --layer 0 -o layer0
-  gdn-check out                                # Polygraphy comparison of the export
+  gdn-check out                                # the same check again, anywhere the folder is copied to
 
-exit codes:
-  0 ok   2 usage / bad input   3 model could not be loaded   4 export failed
-  5 onnxruntime output differs from PyTorch (verification)
-Set GDN_DEBUG=1 for a Python traceback on errors.
-"""
+""" + EXIT_CODES_HELP
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors: exit 2 with one line (argparse does this too)
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"gdn-export: error: {message}\n")
+        self.exit(ExitCode.USAGE, f"gdn-export: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,13 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow a .pt holding a whole pickled module. UNSAFE for untrusted files: "
                         "unpickling runs arbitrary code")
-    p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime-vs-PyTorch check")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the onnxruntime check of the written files (the reference files are written anyway)")
     p.add_argument("-q", "--quiet", action="store_true", help="only errors and the final summary")
     return p
 
 
-def _parse_graphs(text: str) -> tuple[str, ...]:
-    from .model_export import GRAPHS, UsageError
+def parse_graphs(text: str) -> tuple[str, ...]:
+    """``--graphs`` value -> graph names (UsageError on an unknown name)."""
+    from .graphs import GRAPHS
     graphs = tuple(g.strip() for g in text.split(",") if g.strip())
     bad = [g for g in graphs if g not in GRAPHS]
     if bad or not graphs:
@@ -86,7 +85,8 @@ def _parse_graphs(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .model_export import ExportOptions, UsageError, export_model, load_targets
+    from .loading import load_targets
+    from .model_export import ExportOptions, export_model
     say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     if args.max_tokens < 1 or args.max_seqs < 1:
         raise UsageError("--max-tokens and --max-seqs must be >= 1")
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--interop onnx emits the opset-27 LinearAttention; --opset {args.opset} is too old")
     if args.opset is not None and not 18 <= args.opset <= 27:
         raise UsageError(f"--opset {args.opset}: supported range is 18..27")
-    opts = ExportOptions(precision=args.precision, graphs=_parse_graphs(args.graphs), opset=args.opset,
+    opts = ExportOptions(precision=args.precision, graphs=parse_graphs(args.graphs), opset=args.opset,
                          interop=args.interop, max_tokens=args.max_tokens, max_seqs=args.max_seqs,
                          verify=not args.no_verify)
     t0 = time.perf_counter()
@@ -113,30 +113,20 @@ def run(args: argparse.Namespace) -> int:
             f"K={cfg.head_k_dim} V={cfg.head_v_dim}, {len(t.blocks)} GDN layer(s)"
             + (f", HF layer {layer}" if layer is not None else "") + f", precision {opts.precision}")
         res = export_model(t, outdir, opts, log=say)
-        written += res.files
-    print(f"gdn-export: wrote {len(written)} file(s) in {time.perf_counter() - t0:.1f} s:")
-    for f in written:
-        print(f"  {f}")
-    return EXIT_OK
+        written.append(res)
+    for res in written:
+        onnx_files = " ".join(g["file"] for g in res.metadata["graphs"].values())
+        verdict = ("check PASS (onnxruntime vs float32 PyTorch, the same check as gdn-check)" if opts.verify
+                   else "check not run (--no-verify; gdn-check runs it)")
+        print(f"gdn-export: {res.outdir}: {onnx_files} gdn_model.json + reference files; {verdict}")
+    print(f"gdn-export: done in {time.perf_counter() - t0:.1f} s")
+    return ExitCode.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except Exception as e:  # noqa: BLE001: one readable line, the exit code says what failed
-        from .model_export import ExportError
-        if os.environ.get("GDN_DEBUG") == "1":
-            traceback.print_exc()
-        code = e.exit_code if isinstance(e, ExportError) else EXIT_EXPORT
-        kind = {EXIT_USAGE: "error", EXIT_LOAD: "cannot load model", EXIT_EXPORT: "export failed",
-                EXIT_MISMATCH: "verification failed"}.get(code, "error")
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"gdn-export: {kind}: {msg}", file=sys.stderr)
-        return code
-    except KeyboardInterrupt:
-        print("gdn-export: interrupted", file=sys.stderr)
-        return 130
+    quiet_warnings(args.quiet)
+    return run_cli("gdn-export", lambda: run(args))
 
 
 if __name__ == "__main__":

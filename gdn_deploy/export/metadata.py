@@ -5,13 +5,16 @@ ONNX files do not say plainly: the model config and head dims, the weight precis
 for each graph its file and its ordered inputs/outputs (symbolic shapes, dtypes), where
 the model came from, and suggested TensorRT optimisation profiles::
 
-    {"format": "gdn-deploy.model-export", "format_version": 1,
+    {"format": "gdn-deploy.model-export", "format_version": 2,
      "model": {"kind": "lm"|"block", "config": {...}, "heads": {...}, "num_gdn_layers": L},
      "precision": "fp16", "dtypes": {"weights": "float16", "activations": "float16", "states": "float32"},
-     "graphs": {"prefill": {"file": "prefill.onnx", "inputs": [{"name", "shape", "dtype"}...], "outputs": [...]}, ...},
+     "graphs": {"prefill": {"file": "prefill.onnx", "inputs": [{"name", "shape", "dtype"}...], "outputs": [...],
+                            "check": {"inputs": "prefill_inputs.json", "reference": "prefill_reference.json",
+                                      "reference_dtype": "float32", "tolerance": {"atol", "rtol", "rel"}}}, ...},
      "dims": {"T": "packed prefill tokens", ...},
      "profiles": {"prefill": {"input_ids": {"min": [1], "opt": [2048], "max": [8192]}, ...}, "decode": {...}},
-     "source": {"model": "default", "layer": null, ...}, "opset": 18, "interop": null}
+     "source": {"model": "default" | path relative to this folder, "layer": null, ...}, "opset": 18,
+     "interop": null, "config_hash": sha256 of the model's kind + config}
 
 Shapes are lists of ints and dim symbols: ``T`` (packed prefill tokens), ``N`` (prefill
 sequences; ``N+1`` for cu_seqlens), ``B`` (decode batch), ``P`` (state pool rows).
@@ -22,11 +25,13 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "SIDECAR_NAME", "DIM_DOCS", "MetadataError", "eval_dim",
+from ..errors import LoadError, UsageError
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "SIDECAR_NAME", "DIM_DOCS", "MetadataError", "NotAnExport", "eval_dim",
            "suggest_profiles", "build_metadata", "write_metadata", "read_metadata", "find_sidecar"]
 
 FORMAT = "gdn-deploy.model-export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SIDECAR_NAME = "gdn_model.json"
 DIM_DOCS = {
     "T": "packed prefill tokens (all sequences concatenated)",
@@ -36,8 +41,12 @@ DIM_DOCS = {
 }
 
 
-class MetadataError(ValueError):
-    """A missing, unreadable or incompatible gdn_model.json."""
+class MetadataError(LoadError, ValueError):
+    """An unreadable or incompatible gdn_model.json (exit code 3); a folder without one is a :class:`NotAnExport`."""
+
+
+class NotAnExport(UsageError, MetadataError):
+    """The path holds no gdn_model.json (exit code 2)."""
 
 
 def eval_dim(dim: int | str, sizes: Mapping[str, int]) -> int:
@@ -80,8 +89,8 @@ def suggest_profiles(graphs: Mapping[str, Mapping[str, Any]], *, max_tokens: int
 def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, int], num_gdn_layers: int,
                    precision: str, dtypes: Mapping[str, str], graphs: Mapping[str, Mapping[str, Any]],
                    source: Mapping[str, Any], opset: int | None, interop: str | None,
-                   max_tokens: int = 8192, max_seqs: int = 64) -> dict[str, Any]:
-    """Assemble the sidecar dict. ``graphs``: name -> {"file", "inputs", "outputs"} (tensor dicts)."""
+                   max_tokens: int = 8192, max_seqs: int = 64, config_hash: str | None = None) -> dict[str, Any]:
+    """Assemble the sidecar dict. ``graphs``: name -> {"file", "inputs", "outputs"[, "check"]} (tensor dicts)."""
     for name, g in graphs.items():
         for key in ("file", "inputs", "outputs"):
             if key not in g:
@@ -92,7 +101,8 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
         "model": {"kind": kind, "config": dict(config), "heads": dict(heads), "num_gdn_layers": num_gdn_layers},
         "precision": precision,
         "dtypes": dict(dtypes),
-        "graphs": {name: {"file": g["file"], "inputs": list(g["inputs"]), "outputs": list(g["outputs"])}
+        "graphs": {name: {"file": g["file"], "inputs": list(g["inputs"]), "outputs": list(g["outputs"]),
+                          **({"check": dict(g["check"])} if "check" in g else {})}
                    for name, g in graphs.items()},
         "dims": dict(DIM_DOCS),
         "profiles": suggest_profiles(graphs, max_tokens=max_tokens, max_seqs=max_seqs),
@@ -100,6 +110,7 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
         "source": dict(source),
         "opset": opset,
         "interop": interop,
+        "config_hash": config_hash,
     }
 
 
@@ -122,7 +133,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     """Load and sanity-check a sidecar (a folder or the json file); raises :class:`MetadataError`."""
     p = find_sidecar(path)
     if p is None:
-        raise MetadataError(f"{path}: no {SIDECAR_NAME} here; is this a gdn-export output folder?")
+        raise NotAnExport(f"{path}: no {SIDECAR_NAME} here: not a gdn-export output folder (make one with "
+                          f"gdn-export MODEL -o {path})")
     try:
         meta = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -33,7 +33,7 @@ from ..onnx_nodes import gdn_nodes, stamp_plugin_attributes
 from .onnx_schemas import register_schemas
 
 __all__ = ["register_schemas", "translation_table", "add_function_bodies", "export_program",
-           "functionalize_pool_updates", "gdn_nodes", "run_onnxruntime", "INTEROP_CHOICES"]
+           "functionalize_pool_updates", "gdn_nodes", "INTEROP_CHOICES"]
 
 INTEROP_CHOICES = (None, "com.microsoft", "onnx")
 _DD = DECODE.defaults
@@ -297,48 +297,3 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         onnx.checker.check_model(model, full_check=True)
         onnx.save_model(model, path)
     return model
-
-
-def run_onnxruntime(model, inputs: dict[str, Tensor] | Sequence[Tensor], providers: Sequence[str] = ("CPUExecutionProvider",)
-                    ) -> list[Tensor]:
-    """Run an ONNX model (ModelProto, path or InferenceSession) in onnxruntime on torch tensors.
-
-    Handles bfloat16 inputs and outputs, which onnxruntime's numpy interface cannot: tensors go
-    through ``OrtValue``s and bfloat16 outputs are copied into torch tensors. Returns CPU tensors
-    in the session's output order. ``inputs`` is a dict by input name or a sequence in input order.
-    """
-    import ctypes
-
-    import numpy as np
-    import onnxruntime as ort
-
-    if isinstance(model, ort.InferenceSession):
-        sess = model
-    else:
-        src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
-        sess = ort.InferenceSession(src, providers=list(providers))
-    binding, keep = sess.io_binding(), []
-    if not isinstance(inputs, dict):
-        inputs = dict(zip([i.name for i in sess.get_inputs()], inputs, strict=True))
-    for name, t in inputs.items():
-        t = t.detach().cpu().contiguous()
-        if t.dtype == torch.bfloat16:
-            ov = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.view(torch.int16).numpy().view(np.uint16),
-                                                                 onnx.TensorProto.BFLOAT16)
-        else:
-            ov = ort.OrtValue.ortvalue_from_numpy(t.numpy())
-        keep.append(ov)
-        binding.bind_ortvalue_input(name, ov)
-    for out in sess.get_outputs():
-        binding.bind_output(out.name, "cpu")
-    sess.run_with_iobinding(binding)
-    results = []
-    for ov in binding.get_outputs():
-        if ov.data_type() == "tensor(bfloat16)":
-            t = torch.empty(ov.shape(), dtype=torch.bfloat16)
-            if t.numel():
-                ctypes.memmove(t.data_ptr(), ov.data_ptr(), t.numel() * t.element_size())
-        else:
-            t = torch.from_numpy(np.array(ov.numpy(), copy=True))
-        results.append(t)
-    return results

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..errors import ExitCode, GdnError
+from ..export.metadata import MetadataError, read_metadata
 from . import PLUGIN_LIB_ENV, find_plugin_library, plugin_library_candidates, prepare_onnx_for_tensorrt
 
 __all__ = ["main", "BuildError", "GraphJob", "load_jobs", "import_tensorrt", "MIN_TRT_VERSION",
@@ -22,19 +24,22 @@ __all__ = ["main", "BuildError", "GraphJob", "load_jobs", "import_tensorrt", "MI
 
 SIDECAR = "gdn_model.json"
 MIN_TRT_VERSION = (10, 8)
-EXIT_OK, EXIT_USAGE, EXIT_PLUGIN, EXIT_PARSE, EXIT_BUILD, EXIT_NO_TENSORRT = 0, 2, 3, 4, 5, 6
+# the one exit-code table of every gdn-deploy command (gdn_deploy.errors)
+EXIT_OK, EXIT_USAGE, EXIT_PLUGIN = ExitCode.OK, ExitCode.USAGE, ExitCode.PLUGIN
+EXIT_PARSE = EXIT_BUILD = ExitCode.TENSORRT
+EXIT_NO_TENSORRT = ExitCode.NO_TENSORRT
 NO_TENSORRT_MESSAGE = (
     "TensorRT is not installed (the tensorrt Python module could not be imported); engines can be "
     "built on a machine with TensorRT >= {v} and a CUDA GPU (pip install tensorrt), or use --onnx-only to write "
     "TensorRT-ready ONNX files for trtexec --dynamicPlugins")
 
 
-class BuildError(Exception):
+class BuildError(GdnError):
     """A failure with its exit code; the message is printed as one ``gdn-build: ...`` line."""
 
     def __init__(self, message: str, code: int = EXIT_USAGE):
         super().__init__(message)
-        self.code = code
+        self.code = self.exit_code = code
 
 
 Shapes = dict[str, tuple[list[int], list[int], list[int]]]
@@ -50,25 +55,25 @@ class GraphJob:
 # ---------------------------------------------------------------- metadata
 def _shape(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
-        raise BuildError(f"{where}: expected a list of ints, got {value!r}")
+        raise BuildError(f"{where}: expected a list of ints, got {value!r}", ExitCode.LOAD)
     if any(d < 0 for d in value):
-        raise BuildError(f"{where}: negative dimension in {value}")
+        raise BuildError(f"{where}: negative dimension in {value}", ExitCode.LOAD)
     return value
 
 
 def _profile(raw: Any, where: str) -> Shapes:
     if not isinstance(raw, dict) or not raw:
-        raise BuildError(f"{where}: expected an object mapping input names to {{min, opt, max}}")
+        raise BuildError(f"{where}: expected an object mapping input names to {{min, opt, max}}", ExitCode.LOAD)
     out: Shapes = {}
     for name, levels in raw.items():
         w = f"{where}.{name}"
         if not isinstance(levels, dict) or not all(k in levels for k in ("min", "opt", "max")):
-            raise BuildError(f"{w}: expected {{\"min\": [...], \"opt\": [...], \"max\": [...]}}, got {levels!r}")
+            raise BuildError(f"{w}: expected {{\"min\": [...], \"opt\": [...], \"max\": [...]}}, got {levels!r}", ExitCode.LOAD)
         mn, opt, mx = (_shape(levels[k], f"{w}.{k}") for k in ("min", "opt", "max"))
         if not len(mn) == len(opt) == len(mx):
-            raise BuildError(f"{w}: min/opt/max have different ranks ({mn}, {opt}, {mx})")
+            raise BuildError(f"{w}: min/opt/max have different ranks ({mn}, {opt}, {mx})", ExitCode.LOAD)
         if not all(a <= b <= c for a, b, c in zip(mn, opt, mx)):
-            raise BuildError(f"{w}: needs min <= opt <= max in every dimension ({mn}, {opt}, {mx})")
+            raise BuildError(f"{w}: needs min <= opt <= max in every dimension ({mn}, {opt}, {mx})", ExitCode.LOAD)
         out[name] = (mn, opt, mx)
     return out
 
@@ -79,22 +84,17 @@ def load_jobs(export_dir: str | Path, graphs: Sequence[str] | None = None) -> li
     if not d.is_dir():
         raise BuildError(f"{d}: not a directory (expected a gdn-export output folder)")
     meta_path = d / SIDECAR
-    if not meta_path.is_file():
-        raise BuildError(f"{d}: no {SIDECAR} here; is this a gdn-export output folder?")
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BuildError(f"{meta_path}: not readable JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise BuildError(f"{meta_path}: expected a JSON object at the top level")
-    if "format" in meta and meta["format"] != "gdn-deploy.model-export":
-        raise BuildError(f"{meta_path}: not a gdn-deploy export sidecar (format is {meta['format']!r})")
+        meta = read_metadata(d)          # the one reader of the sidecar (format, version, required keys)
+    except MetadataError as e:
+        raise BuildError(str(e), e.exit_code) from None
     gmap = meta.get("graphs")
     if not isinstance(gmap, dict) or not gmap:
-        raise BuildError(f"{meta_path}: missing or empty 'graphs' (expected {{\"prefill\": {{\"file\": ...}}, ...}})")
+        raise BuildError(f"{meta_path}: missing or empty 'graphs' (expected {{\"prefill\": {{\"file\": ...}}, ...}})",
+                         ExitCode.LOAD)
     profiles = meta.get("profiles", {})
     if not isinstance(profiles, dict):
-        raise BuildError(f"{meta_path}: 'profiles' must be an object keyed by graph name")
+        raise BuildError(f"{meta_path}: 'profiles' must be an object keyed by graph name", ExitCode.LOAD)
     names = list(gmap) if not graphs else list(graphs)
     unknown = [g for g in names if g not in gmap]
     if unknown:
@@ -103,14 +103,14 @@ def load_jobs(export_dir: str | Path, graphs: Sequence[str] | None = None) -> li
     for g in names:
         info = gmap[g]
         if not isinstance(info, dict) or not isinstance(info.get("file"), str) or not info["file"]:
-            raise BuildError(f"{meta_path}: graphs.{g} needs a 'file' (the ONNX file name)")
+            raise BuildError(f"{meta_path}: graphs.{g} needs a 'file' (the ONNX file name)", ExitCode.LOAD)
         path = d / info["file"]
         if not path.is_file():
-            raise BuildError(f"{meta_path}: graphs.{g}.file: {path} does not exist")
+            raise BuildError(f"{meta_path}: graphs.{g}.file: {path} does not exist", ExitCode.LOAD)
         raw = profiles.get(g)
         plist = [] if raw is None else ([raw] if isinstance(raw, dict) else raw)
         if not isinstance(plist, list):
-            raise BuildError(f"{meta_path}: profiles.{g} must be an object or a list of objects")
+            raise BuildError(f"{meta_path}: profiles.{g} must be an object or a list of objects", ExitCode.LOAD)
         jobs.append(GraphJob(g, path, [_profile(p, f"profiles.{g}" + (f"[{i}]" if len(plist) > 1 else ""))
                                        for i, p in enumerate(plist)]))
     return jobs

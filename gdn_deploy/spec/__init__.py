@@ -93,9 +93,9 @@ class _Spec:
     def kernel_tolerance(self, dtype: str) -> float:
         return float(self.tolerances["kernel_vs_fp64"][dtype])
 
-    def runtime_tolerance(self, dtype: str) -> tuple[float, float]:
-        t = self.tolerances["runtime_vs_torch"][dtype]
-        return float(t["atol"]), float(t["rtol"])
+    def check_tolerance(self, dtype: str) -> dict[str, float]:
+        """``{"atol", "rtol", "rel"}`` of an export of weight/activation dtype ``dtype`` against float32 PyTorch."""
+        return {k: float(v) for k, v in self.tolerances["export_check"][dtype].items()}
 
 
 def load_spec() -> _Spec:

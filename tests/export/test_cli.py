@@ -52,7 +52,8 @@ def test_help_has_examples_and_exit_codes(capsys):
         main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for text in ("examples:", "exit codes:", "--allow-pickle", "UNSAFE", "--precision", "--max-tokens", "default"):
+    for text in ("examples:", "exit codes (the same for every gdn-deploy command)", "--allow-pickle", "UNSAFE",
+                 "--precision", "--max-tokens", "default", "float32"):
         assert text in out, text
 
 
@@ -67,12 +68,16 @@ def test_garbage_file_is_exit_3(tmp_path, capsys):
     bad.write_bytes(os.urandom(300))
     code, _, err = _run(capsys, str(bad), "-o", str(tmp_path / "o"))
     assert code == 3
-    _one_line_error(err, "cannot load model")
+    _one_line_error(err, "cannot load")
+    assert "garbage.pt: not a readable torch checkpoint" in err and "pickle" not in err   # not "pass --allow-pickle"
+    code, _, err = _run(capsys, str(bad), "--allow-pickle", "-o", str(tmp_path / "o"))
+    assert code == 3                                   # the load-failure code, with the file name
+    _one_line_error(err, "garbage.pt: not a readable torch checkpoint")
     bad_st = tmp_path / "garbage.safetensors"
     bad_st.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
     code, _, err = _run(capsys, str(bad_st), "-o", str(tmp_path / "o"))
     assert code == 3
-    _one_line_error(err, "cannot load model")
+    _one_line_error(err, "garbage.safetensors")
 
 
 def test_pickle_needs_opt_in(tmp_path, capsys):
@@ -115,11 +120,13 @@ def test_export_verify_summary_and_sidecar(ckpt, tmp_path, capsys):
     out_dir = tmp_path / "o"
     code, out, err = _run(capsys, str(ckpt), "-o", str(out_dir), "--graphs", "decode", "--max-seqs", "16")
     assert code == 0, err
-    for text in ("loading", "exporting graph decode", "checking onnxruntime vs PyTorch", "writing", "wrote 2 file(s)"):
+    for text in ("loading", "exporting graph decode", "checking the files", "writing",
+                 "decode.onnx gdn_model.json + reference files; check PASS"):
         assert text in out, (text, out)
     meta = json.loads((out_dir / "gdn_model.json").read_text())
     assert meta["profiles"]["decode"]["input_ids"]["max"] == [16]
-    assert meta["source"]["model"] == str(ckpt.resolve())
+    assert (out_dir / meta["source"]["model"]).resolve() == ckpt.resolve()   # relative to the export folder
+    assert len(meta["config_hash"]) == 64
 
 
 def test_hf_folder(tmp_path, capsys):
@@ -151,3 +158,21 @@ def test_debug_env_shows_traceback(tmp_path):
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 3
     assert "Traceback" in r.stderr
+
+
+def test_quiet_is_quiet_and_default_shows_no_library_warnings(tmp_path):
+    """-q prints only the summary; without -q the output has our progress lines but none of the torch /
+    onnxscript warnings a user cannot act on (torchvision missing, LeafSpec, unused axis names)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "gdn_deploy.export.cli", "default", "--graphs", "decode"]
+    r = subprocess.run(cmd + ["-o", str(tmp_path / "q"), "-q"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "", r.stderr
+    assert [ln.split(":")[0] for ln in r.stdout.strip().splitlines()] == ["gdn-export", "gdn-export"], r.stdout
+    r = subprocess.run(cmd + ["-o", str(tmp_path / "v")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    for noise in ("torchvision", "LeafSpec", "will not be used", "Warning"):
+        assert noise not in r.stdout + r.stderr, (noise, r.stderr[-2000:])
+    assert "exporting graph decode" in r.stdout

@@ -90,7 +90,7 @@ def exported(request, tmp_path_factory):
 def test_onnxruntime_matches_hf(exported):
     """Prefill (zero states) then two decode steps: onnxruntime graphs == HF torch module with its cache."""
     onnx = pytest.importorskip("onnx")
-    from gdn_deploy.export.model_export import run_onnxruntime
+    from gdn_deploy.export.runtimes import run_onnxruntime
     layer, files = exported
     for f in files.values():
         onnx.checker.check_model(str(f))

@@ -11,7 +11,8 @@ pytest.importorskip("onnxscript")
 from conftest import (DECODE_ORDER, PREFILL_ORDER, DecodeOp, PrefillOp, call_decode_ref, call_prefill_ref,  # noqa: E402
                       cast_inputs, make_decode_inputs, make_prefill_inputs, ordered_args,
                       ordered_dynamic_shapes, rel_err)
-from gdn_deploy.export.onnx_ops import export_program, gdn_nodes, run_onnxruntime  # noqa: E402
+from gdn_deploy.export.onnx_ops import export_program, gdn_nodes  # noqa: E402
+from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import SPEC  # noqa: E402
 
 FP32_TOL = 1e-5
@@ -53,7 +54,7 @@ def test_interop_emits_contrib_linear_attention(msft_prefill):
 def test_interop_prefill_matches_reference(msft_prefill, gen, seqlens):
     path, _ = msft_prefill
     inp = cast_inputs(make_prefill_inputs(gen, seqlens, 1, 2, K=16, V=8, **RAW), torch.float32)
-    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER))
+    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER)).values()
     o64, s64 = call_prefill_ref(inp, **RAW, compute_dtype=torch.float64)
     assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
 
@@ -69,7 +70,7 @@ def test_interop_varlen_is_rejected_at_export(gen):
 def test_interop_unequal_lengths_at_run_time_give_nan(msft_prefill, gen):
     path, _ = msft_prefill
     inp = cast_inputs(make_prefill_inputs(gen, [2, 6], 1, 2, K=16, V=8, **RAW), torch.float32)
-    o, _ = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER))
+    o, _ = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER)).values()
     assert torch.isnan(o).all()
 
 
@@ -80,7 +81,7 @@ def test_interop_decode_dense_and_pool(tmp_path, gen):
     export_program(DecodeOp(), ordered_args(dense, DECODE_ORDER), p_dense, interop="com.microsoft",
                    dynamic_shapes=ordered_dynamic_shapes(dense, DECODE_ORDER, dims))
     dense = cast_inputs(make_decode_inputs(gen, 5, 2, 4, K=8, V=16), torch.float32)
-    o, s = run_onnxruntime(p_dense, ordered_args(dense, DECODE_ORDER))
+    o, s = run_onnxruntime(p_dense, ordered_args(dense, DECODE_ORDER)).values()
     o64, s64 = call_decode_ref(dense, compute_dtype=torch.float64)
     assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
 
@@ -90,7 +91,7 @@ def test_interop_decode_dense_and_pool(tmp_path, gen):
                    dynamic_shapes=ordered_dynamic_shapes(pool, DECODE_ORDER, dict(dims, state="P")))
     pool = cast_inputs(make_decode_inputs(gen, 4, 1, 2, K=8, V=8, pool_size=6, **RAW), torch.float32)
     pool["slots"][1] = -1
-    o, new_pool = run_onnxruntime(p_pool, ordered_args(pool, DECODE_ORDER))
+    o, new_pool = run_onnxruntime(p_pool, ordered_args(pool, DECODE_ORDER)).values()
     o64, pool64 = call_decode_ref(pool, **RAW, state_mode=1, compute_dtype=torch.float64)
     assert rel_err(o, o64) < FP32_TOL and rel_err(new_pool, pool64) < FP32_TOL
     assert torch.count_nonzero(o[1]) == 0
@@ -105,7 +106,7 @@ def test_interop_fp16_io(tmp_path, gen):
                            dynamic_shapes=ordered_dynamic_shapes(inp, PREFILL_ORDER, _PREFILL_DIMS))
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     inp = cast_inputs(make_prefill_inputs(gen, [7, 7], 2, 2, K=16, V=8), torch.float16)
-    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER))
+    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER)).values()
     o64, s64 = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64))
     assert o.dtype == torch.float16 and rel_err(o, o64) < SPEC.kernel_tolerance("float16")
     assert rel_err(s, s64) < 1e-4
@@ -123,6 +124,6 @@ def test_onnx_standard_linear_attention_opset27(tmp_path, gen, monkeypatch):
     # onnxruntime 1.31 calls opset 27 "under development" and refuses it unless this is set:
     monkeypatch.setenv("ALLOW_RELEASED_ONNX_OPSET_ONLY", "0")
     inp = cast_inputs(make_prefill_inputs(gen, [6, 6, 6], 1, 2, K=8, V=8, **RAW), torch.float32)
-    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER))
+    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER)).values()
     o64, s64 = call_prefill_ref(inp, **RAW, compute_dtype=torch.float64)
     assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL

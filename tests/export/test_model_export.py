@@ -10,9 +10,11 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from gdn_deploy.export import metadata as md  # noqa: E402
-from gdn_deploy.export.model_export import (ExportOptions, cast_target, compare_outputs,  # noqa: E402
-                                            example_feed, export_model, graph_plan, run_onnxruntime,
-                                            run_torch, target_from_module)
+from gdn_deploy.export.graphs import example_feed, graph_plan  # noqa: E402
+from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
+from gdn_deploy.export.runtimes import compare_outputs, run_onnxruntime, run_torch  # noqa: E402
+from gdn_deploy.export.targets import cast_target, target_from_module  # noqa: E402
+from gdn_deploy.export.verify import reference_outputs  # noqa: E402
 from gdn_deploy.model import GDNBlock, GDNConfig, GDNLM  # noqa: E402
 from gdn_deploy.spec import SPEC  # noqa: E402
 
@@ -62,7 +64,7 @@ def block_gva4(tmp_path_factory):
 
 
 def _assert_close(ref, got, dtype="float32"):
-    rows = compare_outputs(ref, got, dtype)
+    rows = compare_outputs(ref, got, SPEC.check_tolerance(dtype))
     bad = [r for r in rows if not r["ok"]]
     assert not bad, bad
 
@@ -70,7 +72,9 @@ def _assert_close(ref, got, dtype="float32"):
 def test_files_checker_and_verification(lm_fp32):
     _, res = lm_fp32
     names = sorted(p.name for p in res.files)
-    assert names == ["decode.onnx", "decode_pool.onnx", md.SIDECAR_NAME, "prefill.onnx"]
+    graphs = ["decode", "decode_pool", "prefill"]
+    assert names == sorted([f"{g}.onnx" for g in graphs] + [f"{g}_inputs.json" for g in graphs]
+                           + [f"{g}_reference.json" for g in graphs] + [md.SIDECAR_NAME])
     for p in res.files:
         if p.suffix == ".onnx":
             onnx.checker.check_model(str(p))
@@ -189,10 +193,15 @@ def test_fp16_weights(lm_fp16):
     half = cast_target(target, "fp16")
     for g in ("prefill", "decode"):
         feed = example_feed(half, g, tokens=13, seqs=3, batch=2, seed=31)
-        ref = run_torch(graph_plan(half, g), feed)
+        ref = reference_outputs(half, g, feed)          # the fp16 weights computed in float32
         got = run_onnxruntime(res.outdir / f"{g}.onnx", feed)
         assert got[next(iter(ref))].dtype == torch.float16
         _assert_close(ref, got, "float16")
+        # the fp16 tolerance is not vacuous: fp16 PyTorch itself is within it, a wrong model is not
+        _assert_close(ref, run_torch(graph_plan(half, g), feed), "float16")
+        other = cast_target(target_from_module(_lm(seed=99)), "fp16")
+        rows = compare_outputs(ref, run_torch(graph_plan(other, g), feed), SPEC.check_tolerance("float16"))
+        assert not all(r["ok"] for r in rows)
 
 
 def test_block_gva4(block_gva4):
@@ -212,9 +221,10 @@ def test_a_wrong_graph_is_detected(lm_fp32, tmp_path):
     other = target_from_module(_lm(seed=99))
     feed = example_feed(target, "decode", seed=3)
     rows = compare_outputs(run_torch(graph_plan(other, "decode"), feed),
-                           run_onnxruntime(res.outdir / "decode.onnx", feed), "float32")
+                           run_onnxruntime(res.outdir / "decode.onnx", feed), SPEC.check_tolerance("float32"))
     assert not all(r["ok"] for r in rows)
-    assert SPEC.runtime_tolerance("float32") == (rows[0]["atol"], rows[0]["rtol"])
+    t = SPEC.check_tolerance("float32")
+    assert (t["atol"], t["rtol"], t["rel"]) == (rows[0]["atol"], rows[0]["rtol"], rows[0]["rel_tol"])
 
 
 def test_sidecar_errors(tmp_path):

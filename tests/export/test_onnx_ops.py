@@ -15,7 +15,8 @@ from conftest import (DECODE_ORDER, PREFILL_ORDER, DecodeOp, PrefillOp, call_dec
                       ordered_dynamic_shapes, rel_err)
 from gdn_deploy.export.onnx_functions import overload_name  # noqa: E402
 from gdn_deploy.export.onnx_ops import (add_function_bodies, export_program, gdn_nodes,  # noqa: E402
-                                        register_schemas, run_onnxruntime, translation_table)
+                                        register_schemas, translation_table)
+from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import DECODE, PREFILL, SPEC  # noqa: E402
 
 _ELEM = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16,
@@ -97,7 +98,7 @@ def test_prefill_body_varlen_matches_reference(gen, gate_mode, use_qk_l2norm, he
     o64, s64 = call_prefill_ref(inp, **attrs)
     model, feeds = _single_node_model(PREFILL, attrs, cast_inputs(inp, torch.float32), torch.float32)
     assert model.graph.node[0].overload == overload_name(PREFILL, attrs)
-    o, s = run_onnxruntime(model, feeds)
+    o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == torch.float32 and o.shape == o64.shape and s.shape == s64.shape
     assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
     # sequences of length 0 keep their initial state exactly
@@ -110,7 +111,7 @@ def test_prefill_body_low_precision_io(gen, dtype):
     attrs = PREFILL.attrs(gate_mode=1, use_qk_l2norm=1)
     o_ref, s_ref = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64), **attrs)
     model, feeds = _single_node_model(PREFILL, attrs, inp, dtype)
-    o, s = run_onnxruntime(model, feeds)
+    o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == dtype and s.dtype == torch.float32
     tol = SPEC.kernel_tolerance(str(dtype).replace("torch.", ""))
     assert rel_err(o, o_ref) < tol and rel_err(s, s_ref) < FP32_TOL * 10
@@ -119,7 +120,7 @@ def test_prefill_body_low_precision_io(gen, dtype):
 def test_prefill_body_no_sequences(gen):
     inp = cast_inputs(make_prefill_inputs(gen, [], 2, 2, K=8, V=8), torch.float32)
     model, feeds = _single_node_model(PREFILL, PREFILL.attrs(), inp, torch.float32)
-    o, s = run_onnxruntime(model, feeds)
+    o, s = run_onnxruntime(model, feeds).values()
     assert o.shape == (0, 2, 8) and s.shape == (0, 2, 8, 8)
 
 
@@ -136,7 +137,7 @@ def test_decode_body_matches_reference(gen, pool, gate_mode, dtype):
     io = cast_inputs(inp, dtype)
     o_ref, s_ref = call_decode_ref(cast_inputs(io, torch.float64, torch.float64), **attrs)
     model, feeds = _single_node_model(DECODE, attrs, io, dtype)
-    o, s = run_onnxruntime(model, feeds)
+    o, s = run_onnxruntime(model, feeds).values()
     tol = FP32_TOL if dtype == torch.float32 else SPEC.kernel_tolerance(str(dtype).replace("torch.", ""))
     assert o.dtype == dtype and rel_err(o, o_ref) < tol and rel_err(s, s_ref) < FP32_TOL
     if pool:
@@ -205,7 +206,7 @@ def test_exported_prefill_then_decode_steps_match_torch(prefill_decode_models, g
     attrs = dict(gate_mode=1, use_qk_l2norm=1)
     for seqlens in ([7, 0, 1, 12], [64]):        # different T and N than at export, incl. empty/single
         inp = cast_inputs(make_prefill_inputs(gen, seqlens, 1, 2, K=16, V=16, **attrs), torch.float32)
-        o, state = run_onnxruntime(pre_path, ordered_args(inp, PREFILL_ORDER))
+        o, state = run_onnxruntime(pre_path, ordered_args(inp, PREFILL_ORDER)).values()
         o64, s64 = call_prefill_ref(inp, **attrs, compute_dtype=torch.float64)
         assert rel_err(o, o64) < FP32_TOL and rel_err(state, s64) < FP32_TOL
     # carry the last prefill state through three decode steps
@@ -213,7 +214,7 @@ def test_exported_prefill_then_decode_steps_match_torch(prefill_decode_models, g
     for _ in range(3):
         step = cast_inputs(make_decode_inputs(gen, state.shape[0], 1, 2, K=16, V=16), torch.float32)
         step["state"] = state
-        o, state = run_onnxruntime(dec_path, ordered_args(step, DECODE_ORDER))
+        o, state = run_onnxruntime(dec_path, ordered_args(step, DECODE_ORDER)).values()
         step["state"] = ref_state
         o_ref, ref_state = torch.ops.gdn.decode(*ordered_args(step, DECODE_ORDER))
         assert rel_err(o, o_ref) < FP32_TOL and rel_err(state, ref_state) < FP32_TOL
@@ -227,7 +228,7 @@ def test_export_fp16_prefill(tmp_path, gen):
                            dynamic_shapes=ordered_dynamic_shapes(inp, PREFILL_ORDER, dims))
     assert model.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT16
     inp = cast_inputs(make_prefill_inputs(gen, [9, 0, 3], 2, 2, K=16, V=8), torch.float16)
-    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER))
+    o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER)).values()
     o64, s64 = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64), scale=0.5)
     assert o.dtype == torch.float16 and rel_err(o, o64) < SPEC.kernel_tolerance("float16")
     assert rel_err(s, s64) < 1e-4
@@ -247,7 +248,7 @@ def test_export_decode_pool_updates_pool_output(tmp_path, gen):
     inp = cast_inputs(make_decode_inputs(gen, 4, 1, 2, K=8, V=8, gate_mode=1, use_qk_l2norm=1, pool_size=7),
                       torch.float32)
     inp["slots"][2] = -1
-    o, pool = run_onnxruntime(path, ordered_args(inp, order))
+    o, pool = run_onnxruntime(path, ordered_args(inp, order)).values()
     ref_pool = inp["state"].clone()
     o_ref = torch.ops.gdn.decode_pool_(*ordered_args(dict(inp, state=ref_pool), order), gate_mode=1, use_qk_l2norm=1)
     assert rel_err(o, o_ref) < FP32_TOL and rel_err(pool, ref_pool) < FP32_TOL

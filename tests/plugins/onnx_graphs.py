@@ -64,7 +64,9 @@ def gdn_model(op_name: str, *, io: str = "float32", gate: str = "float32", Hk: i
 def write_export_dir(d: Path, graphs: dict[str, onnx.ModelProto], profiles: dict[str, Any] | None = None) -> Path:
     """Write ``<name>.onnx`` files and a gdn_model.json like gdn-export's (graphs + profiles)."""
     d.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {"format": "gdn-deploy.model-export", "format_version": 1, "graphs": {}, "profiles": {}}
+    from gdn_deploy.export.metadata import FORMAT, FORMAT_VERSION
+    meta: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": {"kind": "block"},
+                            "precision": "fp32", "graphs": {}, "profiles": {}}
     for name, model in graphs.items():
         onnx.save(model, str(d / f"{name}.onnx"))
         meta["graphs"][name] = {"file": f"{name}.onnx",

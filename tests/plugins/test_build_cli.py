@@ -52,7 +52,7 @@ def test_help(capsys):
 
 def test_missing_tensorrt_exit_6(export_dir, no_tensorrt, capsys):
     code, out, err = run([export_dir], capsys)
-    assert code == build_cli.EXIT_NO_TENSORRT == 6
+    assert code == build_cli.EXIT_NO_TENSORRT == 6      # the one exit-code table (gdn_deploy.errors)
     lines = err.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("gdn-build: TensorRT is not installed (the tensorrt Python module could not be "
@@ -64,22 +64,22 @@ def _meta(d):
     return json.loads((d / "gdn_model.json").read_text())
 
 
-@pytest.mark.parametrize("case, needle", [
-    ("no_dir", "not a directory"),
-    ("no_json", "no gdn_model.json here"),
-    ("bad_json", "not readable JSON"),
-    ("not_object", "expected a JSON object"),
-    ("other_format", "not a gdn-deploy export sidecar"),
-    ("no_graphs", "missing or empty 'graphs'"),
-    ("no_file", "graphs.decode needs a 'file'"),
-    ("missing_onnx", "does not exist"),
-    ("unknown_graph", "no graph 'decode_pool' (available: prefill, decode)"),
-    ("profile_order", "needs min <= opt <= max"),
-    ("profile_rank", "different ranks"),
-    ("profile_levels", "expected {\"min\""),
-    ("profile_type", "expected a list of ints"),
+@pytest.mark.parametrize("case, needle, code", [      # 2: not an export folder / bad argument; 3: bad folder
+    ("no_dir", "not a directory", 2),
+    ("no_json", "no gdn_model.json here", 2),
+    ("bad_json", "not readable JSON", 3),
+    ("not_object", "not a JSON object", 3),
+    ("other_format", "not a gdn-deploy export sidecar", 3),
+    ("no_graphs", "missing key 'graphs'", 3),
+    ("no_file", "graphs.decode needs a 'file'", 3),
+    ("missing_onnx", "does not exist", 3),
+    ("unknown_graph", "no graph 'decode_pool' (available: prefill, decode)", 2),
+    ("profile_order", "needs min <= opt <= max", 3),
+    ("profile_rank", "different ranks", 3),
+    ("profile_levels", "expected {\"min\"", 3),
+    ("profile_type", "expected a list of ints", 3),
 ])
-def test_metadata_errors(export_dir, capsys, case, needle):
+def test_metadata_errors(export_dir, capsys, case, needle, code):
     meta = _meta(export_dir)
     argv = [export_dir]
     if case == "no_dir":
@@ -110,8 +110,8 @@ def test_metadata_errors(export_dir, capsys, case, needle):
         elif case == "profile_type":
             meta["profiles"]["prefill"]["q"]["min"] = "1,2,64"
         (export_dir / "gdn_model.json").write_text(json.dumps(meta))
-    code, out, err = run(argv, capsys)
-    assert code == build_cli.EXIT_USAGE, err
+    got, out, err = run(argv, capsys)
+    assert got == code, err
     assert err.startswith("gdn-build: ") and needle in err, err
 
 

@@ -1,0 +1,62 @@
+"""What gets exported: an :class:`ExportTarget` (a GDNLM or one GDNBlock, and where it came from), cast to a precision."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import LoadError, UsageError
+from ..model import GDNBlock, GDNConfig, GDNLM
+
+__all__ = ["PRECISIONS", "DTYPE_NAMES", "ExportTarget", "target_from_module", "cast_target"]
+
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+               torch.int32: "int32", torch.int64: "int64"}
+
+
+@dataclass
+class ExportTarget:
+    """What gets exported: a GDNLM (kind "lm") or one GDNBlock (kind "block"), and where it came from."""
+    module: nn.Module
+    kind: str
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> GDNConfig:
+        return self.module.config
+
+    @property
+    def blocks(self) -> list[GDNBlock]:
+        return [l.linear_attn for l in self.module.layers] if self.kind == "lm" else [self.module]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.blocks[0].out_proj.weight.dtype
+
+    def heads(self) -> dict[str, int]:
+        b = self.blocks[0]
+        return {"num_k_heads": b.num_k_heads, "num_v_heads": b.num_v_heads, "head_k_dim": b.head_k_dim,
+                "head_v_dim": b.head_v_dim, "conv_dim": b.conv_dim, "conv_kernel_size": b.conv_kernel_size,
+                "gva_ratio": b.num_v_heads // b.num_k_heads}
+
+
+def target_from_module(module: nn.Module, source: dict[str, Any] | None = None) -> ExportTarget:
+    if isinstance(module, GDNLM):
+        return ExportTarget(module.eval(), "lm", dict(source or {}))
+    if isinstance(module, GDNBlock):
+        return ExportTarget(module.eval(), "block", dict(source or {}))
+    raise LoadError(f"cannot export a {type(module).__name__}: expected a GDNLM or a GDNBlock")
+
+
+def cast_target(target: ExportTarget, precision: str) -> ExportTarget:
+    """A copy of the target with weights in ``precision`` (A_log/dt_bias are cast back to fp32 in the op call)."""
+    if precision not in PRECISIONS:
+        raise UsageError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    module = copy.deepcopy(target.module).to(PRECISIONS[precision]).eval()
+    return ExportTarget(module, target.kind, {**target.source, "precision": precision})
+
+
