@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..spec import GATE_RAW
 
 __all__ = ["interop_translations", "check_interop_limits", "linear_attention_schema", "INTEROP_DOMAINS",
-           "to_standard_linear_attention"]
+           "to_standard_linear_attention", "require_equal_lengths"]
 
 INTEROP_DOMAINS = {"com.microsoft": ("com.microsoft", 1), "onnx": ("", 27)}
 _T = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
@@ -183,6 +183,20 @@ class _InteropLimits(TorchDispatchMode):
                     "(cu_seqlens); it needs one sequence or equal lengths. Export without interop (gdn nodes "
                     "with function bodies) for packed varlen batches.")
         return func(*args, **kwargs)
+
+
+def require_equal_lengths(cu_seqlens, where: str = "prefill") -> None:
+    """Refuse a ragged batch for an interop (LinearAttention) export with one clear line (UsageError).
+
+    The op has no varlen: unequal lengths would give NaN outputs. Runners of interop exports call this."""
+    from ..errors import UsageError
+    cu = [int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens)]
+    lens = [b - a for a, b in zip(cu, cu[1:])]
+    if len(set(lens)) > 1:
+        shown = ", ".join(map(str, lens[:8])) + (", ..." if len(lens) > 8 else "")
+        raise UsageError(f"{where}: this is an --interop (LinearAttention) export, which needs sequences of equal "
+                         f"length; got lengths {shown}. Pad the prompts to one length, or use an export without "
+                         "--interop (gdn nodes take ragged batches)")
 
 
 def check_interop_limits(module, args: Sequence[Any], kwargs: dict | None = None) -> None:

@@ -155,6 +155,11 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
         precision=opts.precision, dtypes={"weights": act, "activations": act, "states": "float32"},
         graphs=graphs, source=_portable_source(tgt.source, outdir), opset=max(opsets) if opsets else opts.opset,
         interop=opts.interop, max_tokens=opts.max_tokens, max_seqs=opts.max_seqs, config_hash=config_hash(tgt))
+    if opts.interop:
+        meta["limits"] = {"equal_length_prefill": True,
+                          "why": "--interop LinearAttention has no varlen: prefill sequences must have equal lengths"}
+        log("  note: this --interop export takes prefill batches of equal-length sequences only "
+            "(runners refuse ragged ones: gdn_deploy.export.interop.require_equal_lengths)")
     log(f"writing {outdir / md.SIDECAR_NAME}")
     files.append(md.write_metadata(outdir, meta))
     result = ExportResult(outdir, files, meta)

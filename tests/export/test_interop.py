@@ -127,3 +127,21 @@ def test_onnx_standard_linear_attention_opset27(tmp_path, gen, monkeypatch):
     o, s = run_onnxruntime(path, ordered_args(inp, PREFILL_ORDER)).values()
     o64, s64 = call_prefill_ref(inp, **RAW, compute_dtype=torch.float64)
     assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
+
+
+def test_ragged_batches_are_refused_with_one_line():
+    from gdn_deploy.errors import UsageError
+    from gdn_deploy.export.interop import require_equal_lengths
+    require_equal_lengths(torch.tensor([0, 4, 8, 12], dtype=torch.int32))           # equal: fine
+    require_equal_lengths([0, 5])                                                    # one sequence: fine
+    with pytest.raises(UsageError, match=r"needs sequences of equal length; got lengths 3, 5\. Pad") as e:
+        require_equal_lengths(torch.tensor([0, 3, 8], dtype=torch.int32))
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+
+
+def test_interop_export_records_its_limit(tmp_path):
+    from gdn_deploy.export.cli import main as export_main
+    from gdn_deploy.export.metadata import read_metadata
+    assert export_main(["default", "-o", str(tmp_path / "o"), "--interop", "com.microsoft", "--graphs", "prefill",
+                        "-q"]) == 0
+    assert read_metadata(tmp_path / "o")["limits"]["equal_length_prefill"] is True

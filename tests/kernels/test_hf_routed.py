@@ -50,7 +50,7 @@ def _tiny(family: str, seed: int):
 
 @contextlib.contextmanager
 def _routed(model):
-    from gdn_deploy.export.hf_export import is_hf_gdn_module, route_to_gdn_ops
+    from gdn_deploy.hf_routing import is_hf_gdn_module, route_to_gdn_ops
     layers = [m for m in model.modules() if is_hf_gdn_module(m)]
     assert layers, "no Gated DeltaNet layer found"
     with contextlib.ExitStack() as stack, warnings.catch_warnings():

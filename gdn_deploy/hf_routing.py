@@ -1,4 +1,4 @@
-"""Export Hugging Face ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDeltaNet`` modules as they are.
+"""Run Hugging Face ``Qwen3NextGatedDeltaNet`` / ``Qwen3_5GatedDeltaNet`` modules on the gdn ops.
 
 The HF layers compute projections, the causal conv and the gates themselves and call a
 gated-delta-rule function for the recurrence: ``torch_chunk_gated_delta_rule`` (prefill)
@@ -9,7 +9,9 @@ in transformers 4.x. :func:`route_to_gdn_ops` swaps those for adapters that call
 ``torch.ops.gdn.prefill`` / ``torch.ops.gdn.decode`` (gate_mode 0: HF passes the finished
 g and beta; use_qk_l2norm 1; scale 1/sqrt(K)), so the exported graph holds one
 ``gdn::GatedDeltaPrefill`` / ``GatedDeltaDecode`` node per layer instead of the unrolled
-chunk loop.
+chunk loop. On a GPU the routed calls run our CUDA kernels: a whole HF model generates on them
+inside ``with route_to_gdn_ops(layer)`` for each of its GatedDeltaNet layers.
+``samples/export_hf_layer.py`` exports such a layer to ONNX as it is.
 
 The wrappers give the layer flat tensor I/O (HF keeps the states in a Cache object):
 
@@ -31,10 +33,10 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from .. import ops  # noqa: F401  (registers torch.ops.gdn.*)
+from . import ops  # noqa: F401  (registers torch.ops.gdn.*)
 
-__all__ = ["route_to_gdn_ops", "HFGDNPrefill", "HFGDNDecode", "hf_state_shapes", "export_hf_gdn",
-           "make_small_hf_gdn", "hf_example_inputs", "is_hf_gdn_module", "HF_GDN_CLASS_NAMES"]
+__all__ = ["route_to_gdn_ops", "HFGDNPrefill", "HFGDNDecode", "hf_state_shapes", "hf_example_inputs",
+           "is_hf_gdn_module", "HF_GDN_CLASS_NAMES"]
 
 HF_GDN_CLASS_NAMES = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
 _CHUNK_NAMES = ("torch_chunk_gated_delta_rule", "chunk_gated_delta_rule")
@@ -215,68 +217,3 @@ def hf_example_inputs(layer: nn.Module, batch: int, tokens: int, *, seed: int = 
     conv = torch.randn(batch, cd, kw, generator=gen) * 0.5
     rec = torch.randn(batch, hv, k, v, generator=gen) * 0.1
     return x, conv, rec
-
-
-_IN = ["hidden_states", "conv_state", "rec_state"]
-_OUT = ["out", "conv_state_out", "rec_state_out"]
-
-
-def export_hf_gdn(layer: nn.Module, outdir: str | Path, *, graphs: Sequence[str] = ("prefill", "decode"),
-                  opset: int | None = None, interop: str | None = None) -> dict[str, Path]:
-    """Export an HF GatedDeltaNet layer to ``outdir/hf_prefill.onnx`` and/or ``outdir/hf_decode.onnx``.
-
-    Dynamic axes: B (batch) and T (prefill tokens, >= 2: a single token goes through the
-    decode graph, as in HF where T == 1 selects the recurrent path).
-    """
-    from torch.export import Dim
-
-    from . import onnx_ops
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    layer = layer.eval()
-    B = Dim("B", min=1, max=4096)
-    written: dict[str, Path] = {}
-    for graph in graphs:
-        if graph == "prefill":
-            wrapper, args = HFGDNPrefill(layer), hf_example_inputs(layer, 2, 5)
-            shapes = ({0: B, 1: Dim("T", min=2, max=1 << 20)}, {0: B}, {0: B})
-        elif graph == "decode":
-            wrapper, args = HFGDNDecode(layer), hf_example_inputs(layer, 2, 1)
-            shapes = ({0: B}, {0: B}, {0: B})
-        else:
-            raise ValueError(f"unknown graph {graph!r} (expected prefill or decode)")
-        path = outdir / f"hf_{graph}.onnx"
-        onnx_ops.export_program(wrapper, args, str(path), kwargs=None, dynamic_shapes=shapes,
-                                input_names=_IN, output_names=_OUT, external_data=False, interop=interop,
-                                **({"opset": opset} if opset is not None else {}))
-        written[graph] = path
-    return written
-
-
-def make_small_hf_gdn(kind: str = "qwen3_next", *, hidden: int = 32, hk: int = 2, hv: int = 4,
-                      head_k: int = 8, head_v: int = 8, kernel: int = 4, seed: int = 0) -> nn.Module:
-    """A randomly initialised HF GatedDeltaNet layer with a small local config (no download)."""
-    torch.manual_seed(seed)
-    common = dict(hidden_size=hidden, linear_num_key_heads=hk, linear_num_value_heads=hv,
-                  linear_key_head_dim=head_k, linear_value_head_dim=head_v, linear_conv_kernel_dim=kernel,
-                  num_hidden_layers=1, layer_types=["linear_attention"], num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=8, intermediate_size=64, vocab_size=64)
-    if kind == "qwen3_next":
-        from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
-        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
-        cfg = Qwen3NextConfig(**common, moe_intermediate_size=32, num_experts=2, num_experts_per_tok=1)
-        layer = Qwen3NextGatedDeltaNet(cfg, 0)
-    elif kind == "qwen3_5":
-        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
-        cfg = Qwen3_5TextConfig(**common)
-        layer = Qwen3_5GatedDeltaNet(cfg, 0)
-    else:
-        raise ValueError(f"unknown HF GDN kind {kind!r} (qwen3_next or qwen3_5)")
-    with torch.no_grad():  # non-trivial norm weights and gates so a wrong route cannot hide
-        layer.norm.weight.uniform_(0.5, 1.5)
-        layer.dt_bias.uniform_(-1.0, 1.0)
-        layer.A_log.uniform_(-2.0, 1.0)
-    layer.config_for_cache = cfg
-    return layer.eval()
