@@ -9,7 +9,7 @@ OUT=${1:-out/tiny_gdn_lm}
 bash scripts/setup.sh
 echo "== 1/3 export the default model to $OUT"
 gdn-export default -o "$OUT"
-echo "== 2/3 accuracy check: PyTorch vs onnxruntime (and TensorRT when installed)"
+echo "== 2/3 check: onnxruntime (and TensorRT when installed) vs the float32 PyTorch reference in $OUT"
 gdn-check "$OUT"
 echo "== 3/3 TensorRT engines"
 if "$PY" -c "import tensorrt" 2>/dev/null; then
