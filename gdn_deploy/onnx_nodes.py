@@ -1,12 +1,21 @@
 """The gdn nodes of an ONNX model and their TensorRT plugin attributes (used by both export and plugins).
 
-The TensorRT ONNX parser picks a plugin for a node by ``op_type`` and the node attributes
-``plugin_namespace`` / ``plugin_version``; :func:`stamp_plugin_attributes` adds them (the spec's
-values) to every gdn node, and :func:`prepare_onnx_for_tensorrt` also drops the onnxruntime
-function bodies and the nodes' ``overload``, so only the plugin can serve the node.
+The TensorRT ONNX parser looks a plugin up by ``op_type`` and the node attributes ``plugin_namespace`` /
+``plugin_version`` (strings). Whether it uses that plugin or a model-local ONNX function of the same name depends
+on its version: 10.0-10.6 import the local function whenever one exists; 10.7-10.14 prefer a registered plugin and
+fall back to the function; 10.15+ use the plugin for nodes that carry ``plugin_namespace`` when it is registered,
+else the function. A file with the onnxruntime bodies therefore runs the slow function body on TensorRT whenever
+the plugin library is not loaded, and on 10.0-10.6 even when it is.
+
+:func:`stamp_plugin_attributes` adds the attributes (the spec's values) to every gdn node (harmless for
+onnxruntime); :func:`prepare_onnx_for_tensorrt` also drops the gdn function bodies and the nodes' ``overload``, so
+only the plugin can serve a node and a missing plugin fails the parse loudly on every parser version.
+:func:`write_tensorrt_onnx` writes such a TensorRT-ready copy (``prefill.trt.onnx``) beside an exported file;
+:func:`tensorrt_ready_problems` says why a model is not TensorRT-ready.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import onnx
@@ -14,11 +23,13 @@ from onnx import helper
 
 from .spec import SPEC
 
-__all__ = ["PLUGIN_NAMESPACE_ATTR", "PLUGIN_VERSION_ATTR", "iter_gdn_nodes", "gdn_nodes", "all_gdn_nodes",
-           "stamp_plugin_attributes", "prepare_onnx_for_tensorrt"]
+__all__ = ["PLUGIN_NAMESPACE_ATTR", "PLUGIN_VERSION_ATTR", "TENSORRT_ONNX_SUFFIX", "iter_gdn_nodes", "gdn_nodes",
+           "all_gdn_nodes", "stamp_plugin_attributes", "prepare_onnx_for_tensorrt", "tensorrt_ready_problems",
+           "tensorrt_onnx_path", "write_tensorrt_onnx"]
 
 PLUGIN_NAMESPACE_ATTR = "plugin_namespace"
 PLUGIN_VERSION_ATTR = "plugin_version"
+TENSORRT_ONNX_SUFFIX = ".trt.onnx"
 
 
 def iter_gdn_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -94,3 +105,48 @@ def prepare_onnx_for_tensorrt(model: onnx.ModelProto) -> dict[str, int]:
         del model.functions[:]
         model.functions.extend(keep)
     return stats
+
+
+def tensorrt_ready_problems(model: onnx.ModelProto) -> list[str]:
+    """Why ``model`` would not reach the gdn plugins on every TensorRT parser; empty when it is TensorRT-ready.
+
+    Ready means: no model-local gdn FunctionProto, and every gdn node (subgraphs included) carries
+    ``plugin_namespace`` / ``plugin_version`` as STRING attributes with the spec's values and no ``overload``.
+    """
+    problems = [f"model-local function {f.domain}::{f.name} (the onnxruntime body) is present"
+                for f in model.functions if f.domain == SPEC.domain and f.name in SPEC.ops]
+    want = {PLUGIN_NAMESPACE_ATTR: SPEC.plugin_namespace, PLUGIN_VERSION_ATTR: SPEC.plugin_version}
+    for node in all_gdn_nodes(model):
+        have = {a.name: a for a in node.attribute}
+        where = f"{node.op_type} node {node.name!r}"
+        for name, value in want.items():
+            a = have.get(name)
+            if a is None:
+                problems.append(f"{where} has no {name} attribute")
+            elif a.type != onnx.AttributeProto.STRING:
+                problems.append(f"{where}: {name} is not a string attribute (the parser reads it as a string)")
+            elif a.s.decode() != value:
+                problems.append(f"{where}: {name}={a.s.decode()!r}, the plugins are registered with {value!r}")
+        if node.overload:
+            problems.append(f"{where} has overload {node.overload!r}")
+    return problems
+
+
+def tensorrt_onnx_path(path: str | Path) -> Path:
+    """``prefill.onnx`` -> ``prefill.trt.onnx`` (same folder, so external weight files still resolve)."""
+    p = Path(path)
+    stem = p.name[:-len(".onnx")] if p.name.endswith(".onnx") else p.name
+    return p.with_name(stem + TENSORRT_ONNX_SUFFIX)
+
+
+def write_tensorrt_onnx(path: str | Path, out: str | Path | None = None) -> Path | None:
+    """Write the TensorRT-ready copy of the ONNX file ``path`` (:func:`prepare_onnx_for_tensorrt`) to ``out``
+    (default :func:`tensorrt_onnx_path`) and return it; None when the model has no gdn nodes (e.g. an interop
+    export), then nothing is written. External data is not loaded: the copy refers to the same weight files."""
+    model = onnx.load(str(path), load_external_data=False)
+    if not all_gdn_nodes(model):
+        return None
+    prepare_onnx_for_tensorrt(model)
+    dst = Path(out) if out is not None else tensorrt_onnx_path(path)
+    onnx.save_model(model, str(dst))
+    return dst

@@ -6,7 +6,9 @@ every graph in onnxruntime (and TensorRT with the gdn plugins, when the ``tensor
 plugin library are there) on that feed and compares each output with the spec's tolerance of the export
 precision: exactly the check ``gdn-export`` ran. The original model is not needed, so a copied folder is
 checked on any machine. ``--from-model`` rebuilds the model the sidecar names and rewrites the reference
-files first (a fresh feed with ``--seed``).
+files first (a fresh feed with ``--seed``). TensorRT runs the TensorRT-ready file of each graph
+(``graphs.<g>.tensorrt_file``, e.g. ``prefill.trt.onnx``) with the plugins registered once per process
+(:func:`gdn_deploy.plugins.load_gdn_plugins`).
 """
 from __future__ import annotations
 
@@ -15,13 +17,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import EXIT_CODES_HELP, ExitCode, LoadError, UsageError, quiet_warnings, run_cli
+from ..errors import EXIT_CODES_HELP, ExitCode, LoadError, PluginError, UsageError, quiet_warnings, run_cli
 
 EPILOG = """\
 Plain Polygraphy works on the same files:
   polygraphy run OUT/prefill.onnx --onnxrt --load-inputs OUT/prefill_inputs.json \\
       --load-outputs OUT/prefill_reference.json --atol 1e-4 --rtol 1e-3
   (the tolerance of an export's precision is in OUT/gdn_model.json: graphs.<graph>.check.tolerance)
+  # on a TensorRT machine: the TensorRT-ready file and the self-registering plugin library
+  polygraphy run OUT/prefill.trt.onnx --trt --plugins build/plugins_cpp/libgdn_trt_plugins_autoreg.so \\
+      --load-inputs OUT/prefill_inputs.json --load-outputs OUT/prefill_reference.json \\
+      --trt-min-shapes ... --trt-opt-shapes ... --trt-max-shapes ...   (gdn-check sets the profile itself)
 
 examples:
   gdn-check out                       # check an export folder (made by gdn-export, possibly copied here)
@@ -55,20 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _trt_runner(path: Path, lib: Path, profile_shapes: dict[str, dict[str, list[int]]], fp_mode: str):
+def _trt_runner(onnx_path: Path, trt_path: Path | None, profile_shapes: dict[str, dict[str, list[int]]]):
     import onnx
-    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, LoadPlugins, NetworkFromOnnxBytes,
+    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, NetworkFromOnnxBytes, NetworkFromOnnxPath,
                                         Profile, TrtRunner)
 
     from ..onnx_nodes import prepare_onnx_for_tensorrt
     prof = Profile()
     for name, s in profile_shapes.items():
         prof.add(name, min=s["min"], opt=s["opt"], max=s["max"])
-    # Same preparation as gdn-build: gdn nodes -> plugins, onnxruntime function bodies dropped.
-    model = onnx.load(str(path))
-    prepare_onnx_for_tensorrt(model)
-    network = NetworkFromOnnxBytes(LoadPlugins(plugins=[str(lib)], obj=model.SerializeToString()),
-                                   strongly_typed=True)
+    if trt_path is not None:
+        network = NetworkFromOnnxPath(str(trt_path), strongly_typed=True)
+    else:  # a folder exported before gdn-export wrote TensorRT-ready files: prepare in memory, as gdn-build does
+        model = onnx.load(str(onnx_path))
+        prepare_onnx_for_tensorrt(model)
+        network = NetworkFromOnnxBytes(model.SerializeToString(), strongly_typed=True)
     return TrtRunner(EngineFromNetwork(network, config=CreateConfig(profiles=[prof])), name="tensorrt")
 
 
@@ -85,13 +92,21 @@ def _tensorrt_available(args) -> tuple[bool, Path | None, str]:
 
 
 def _tensorrt_runtime(meta: dict, lib: Path):
-    """fn(graph, onnx_path, feed) -> outputs through a TensorRT engine with the gdn plugins."""
+    """fn(graph, onnx_path, feed) -> outputs through a TensorRT engine of the graph's TensorRT-ready file, with the
+    gdn plugins registered (once per process: a second gdn-check in the same process loads nothing)."""
     import numpy as np
+    import tensorrt
 
+    from ..plugins import PluginLoadError, load_gdn_plugins
     from .runtimes import to_numpy
+    try:
+        load_gdn_plugins(tensorrt, lib)
+    except PluginLoadError as e:
+        raise PluginError(str(e)) from None
 
     def run(graph: str, path: Path, feed: dict) -> dict[str, Any]:
-        trt = _trt_runner(path, lib, dict(meta["profiles"][graph]), meta["precision"])
+        trt_file = meta["graphs"][graph].get("tensorrt_file")
+        trt = _trt_runner(path, path.with_name(trt_file) if trt_file else None, dict(meta["profiles"][graph]))
         with trt:
             out = trt.infer({k: to_numpy(v) for k, v in feed.items()})
         return {k: np.asarray(v) for k, v in out.items()}

@@ -8,7 +8,8 @@ the model came from, and suggested TensorRT optimisation profiles::
     {"format": "gdn-deploy.model-export", "format_version": 2,
      "model": {"kind": "lm"|"block", "config": {...}, "heads": {...}, "num_gdn_layers": L},
      "precision": "fp16", "dtypes": {"weights": "float16", "activations": "float16", "states": "float32"},
-     "graphs": {"prefill": {"file": "prefill.onnx", "inputs": [{"name", "shape", "dtype"}...], "outputs": [...],
+     "graphs": {"prefill": {"file": "prefill.onnx", "tensorrt_file": "prefill.trt.onnx",
+                            "inputs": [{"name", "shape", "dtype"}...], "outputs": [...],
                             "check": {"inputs": "prefill_inputs.json", "reference": "prefill_reference.json",
                                       "reference_dtype": "float32", "tolerance": {"atol", "rtol", "rel"}}}, ...},
      "dims": {"T": "packed prefill tokens", ...},
@@ -18,6 +19,9 @@ the model came from, and suggested TensorRT optimisation profiles::
 
 Shapes are lists of ints and dim symbols: ``T`` (packed prefill tokens), ``N`` (prefill
 sequences; ``N+1`` for cu_seqlens), ``B`` (decode batch), ``P`` (state pool rows).
+``file`` is what onnxruntime runs (gdn nodes with their ONNX function bodies); ``tensorrt_file`` is the
+TensorRT-ready copy (bodies removed, every gdn node marked for the plugins), absent when the graph has no gdn
+nodes (``--interop`` exports).
 """
 from __future__ import annotations
 
@@ -90,7 +94,8 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
                    precision: str, dtypes: Mapping[str, str], graphs: Mapping[str, Mapping[str, Any]],
                    source: Mapping[str, Any], opset: int | None, interop: str | None,
                    max_tokens: int = 8192, max_seqs: int = 64, config_hash: str | None = None) -> dict[str, Any]:
-    """Assemble the sidecar dict. ``graphs``: name -> {"file", "inputs", "outputs"[, "check"]} (tensor dicts)."""
+    """Assemble the sidecar dict. ``graphs``: name -> {"file", "inputs", "outputs"[, "check"]} (tensor dicts) and
+    optionally "tensorrt_file" (the TensorRT-ready copy; omitted when None)."""
     for name, g in graphs.items():
         for key in ("file", "inputs", "outputs"):
             if key not in g:
@@ -101,7 +106,9 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
         "model": {"kind": kind, "config": dict(config), "heads": dict(heads), "num_gdn_layers": num_gdn_layers},
         "precision": precision,
         "dtypes": dict(dtypes),
-        "graphs": {name: {"file": g["file"], "inputs": list(g["inputs"]), "outputs": list(g["outputs"]),
+        "graphs": {name: {"file": g["file"],
+                          **({"tensorrt_file": g["tensorrt_file"]} if g.get("tensorrt_file") else {}),
+                          "inputs": list(g["inputs"]), "outputs": list(g["outputs"]),
                           **({"check": dict(g["check"])} if "check" in g else {})}
                    for name, g in graphs.items()},
         "dims": dict(DIM_DOCS),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ExportFailure, GdnError, MismatchError, UsageError, first_line
+from ..onnx_nodes import write_tensorrt_onnx
 from ..spec import SPEC
 from . import metadata as md
 from .graphs import GRAPHS, GraphPlan, example_feed, graph_plan
@@ -127,7 +128,7 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     tgt = cast_target(target, opts.precision)
-    plans, files, opsets = {}, [], set()
+    plans, files, opsets, trt_files = {}, [], set(), {}
     for g in opts.graphs:
         plan = graph_plan(tgt, g)
         path = outdir / plan.file
@@ -140,9 +141,11 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
         except Exception as e:  # noqa: BLE001 (torch.export / onnx raise many kinds)
             raise ExportFailure(f"exporting {g} failed: {type(e).__name__}: {first_line(e)}") from e
         log(f"  {g}: {path.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.1f} s")
-        plans[g], files = plan, files + [path]
+        trt_files[g] = write_tensorrt_onnx(path)   # <g>.trt.onnx for TensorRT; None without gdn nodes (interop)
+        plans[g], files = plan, files + [path] + [f for f in [trt_files[g]] if f]
     act = DTYPE_NAMES[tgt.dtype]
-    graphs = {g: {"file": p.file, "inputs": p.inputs, "outputs": p.outputs} for g, p in plans.items()}
+    graphs = {g: {"file": p.file, "tensorrt_file": trt_files[g].name if trt_files[g] else None,
+                  "inputs": p.inputs, "outputs": p.outputs} for g, p in plans.items()}
     tol = SPEC.check_tolerance(act)
     for g in plans:
         feed = reference_feed(tgt, g, interop=opts.interop)

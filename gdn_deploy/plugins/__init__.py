@@ -1,15 +1,21 @@
-"""TensorRT side of gdn-deploy: where the plugin library is, and ONNX preparation for the TensorRT parser.
+"""TensorRT side of gdn-deploy: where the plugin libraries are, loading them once, and ONNX preparation.
 
-The plugin library ``libgdn_trt_plugins.so`` (built by CMake from ``plugins_cpp/``) holds the
-IPluginV3 plugins ``GatedDeltaPrefill`` / ``GatedDeltaDecode`` (namespace ``gdn``, version ``1``).
-The ONNX preparation lives in :mod:`gdn_deploy.onnx_nodes` and is re-exported here.
+CMake builds two libraries from ``plugins_cpp/`` holding the IPluginV3 plugins ``GatedDeltaPrefill`` /
+``GatedDeltaDecode`` (namespace ``gdn``, version ``1``):
 
-The TensorRT ONNX parser picks a plugin for a node only by ``op_type`` and the node *attributes*
-``plugin_namespace`` (default "") and ``plugin_version`` (default "1"); the node's ONNX domain is
-not used for that lookup, and a model-local ONNX function with the node's name (the onnxruntime
-bodies that ``gdn-export`` attaches) is imported *instead of* the plugin unless the node carries
-``plugin_namespace``. :func:`prepare_onnx_for_tensorrt` therefore adds both attributes to every
-gdn node and drops the gdn function bodies; ``gdn-build`` does this in memory before parsing.
+- ``libgdn_trt_plugins.so`` exports ``getCreators`` / ``setLoggerFinder`` and registers nothing by itself: for
+  ``IPluginRegistry::loadLibrary`` (``trtexec --dynamicPlugins``, Python ``load_library``, gdn-build, gdn-check);
+- ``libgdn_trt_plugins_autoreg.so`` registers the creators when it is loaded: for tools that only ``dlopen``
+  (``trtexec --staticPlugins``, ``polygraphy run/convert --plugins``).
+
+:func:`load_gdn_plugins` registers them exactly once per process (see :mod:`.loader`).
+
+The TensorRT ONNX parser looks a plugin up by ``op_type`` and the node attributes ``plugin_namespace`` /
+``plugin_version``, but a model-local ONNX function of the same name (the onnxruntime bodies ``gdn-export``
+attaches) wins on parsers 10.0-10.6 and serves the node on every version when the plugin is not registered (see
+:mod:`gdn_deploy.onnx_nodes`). TensorRT must therefore get the TensorRT-ready files ``gdn-export`` writes beside
+the onnxruntime ones (``prefill.trt.onnx``: bodies removed, attributes stamped, named by ``gdn_model.json``);
+:func:`prepare_onnx_for_tensorrt` makes such a model in memory.
 """
 from __future__ import annotations
 
@@ -18,12 +24,15 @@ from pathlib import Path
 
 from ..onnx_nodes import (PLUGIN_NAMESPACE_ATTR, PLUGIN_VERSION_ATTR, prepare_onnx_for_tensorrt,
                           stamp_plugin_attributes)
+from .loader import PluginLoadError, load_gdn_plugins, registered_gdn_creators
 
-__all__ = ["PLUGIN_LIB_ENV", "PLUGIN_LIB_NAME", "plugin_library_candidates", "find_plugin_library",
+__all__ = ["PLUGIN_LIB_ENV", "PLUGIN_LIB_NAME", "AUTOREG_LIB_NAME", "plugin_library_candidates",
+           "find_plugin_library", "load_gdn_plugins", "registered_gdn_creators", "PluginLoadError",
            "prepare_onnx_for_tensorrt", "stamp_plugin_attributes", "PLUGIN_NAMESPACE_ATTR", "PLUGIN_VERSION_ATTR"]
 
 PLUGIN_LIB_ENV = "GDN_PLUGIN_LIB"
 PLUGIN_LIB_NAME = "libgdn_trt_plugins.so"
+AUTOREG_LIB_NAME = "libgdn_trt_plugins_autoreg.so"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent          # gdn_deploy/plugins
 _REPO_ROOT = _PACKAGE_DIR.parent.parent                   # checkout root (source installs)

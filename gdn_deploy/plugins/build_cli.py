@@ -1,9 +1,10 @@
 """``gdn-build``: TensorRT engines from a ``gdn-export`` folder, with the gdn plugins.
 
-Reads ``EXPORT_DIR/gdn_model.json`` (graphs and optimisation profiles), loads the plugin library
-into TensorRT's plugin registry, parses each graph's ONNX with the TensorRT ONNX parser (after
-:func:`gdn_deploy.plugins.prepare_onnx_for_tensorrt`, so the gdn nodes become plugins), applies the
-profiles and writes ``<graph>.engine`` plus ``gdn_engines.json`` into the output folder.
+Reads ``EXPORT_DIR/gdn_model.json`` (graphs and optimisation profiles), registers the gdn plugins in
+TensorRT's plugin registry once per process (:func:`gdn_deploy.plugins.load_gdn_plugins`), parses each
+graph's TensorRT-ready ONNX (``graphs.<g>.tensorrt_file``, e.g. ``prefill.trt.onnx``; for folders without
+one the ONNX file prepared in memory by :func:`gdn_deploy.plugins.prepare_onnx_for_tensorrt`) with the
+TensorRT ONNX parser, applies the profiles and writes ``<graph>.engine`` plus ``gdn_engines.json``.
 """
 from __future__ import annotations
 
@@ -15,15 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import ExitCode, GdnError
+from ..errors import EXIT_CODES_HELP, ExitCode, GdnError
 from ..export.metadata import MetadataError, read_metadata
+from ..onnx_nodes import write_tensorrt_onnx
 from . import PLUGIN_LIB_ENV, find_plugin_library, plugin_library_candidates, prepare_onnx_for_tensorrt
+from .loader import PluginLoadError, load_gdn_plugins
 
 __all__ = ["main", "BuildError", "GraphJob", "load_jobs", "import_tensorrt", "MIN_TRT_VERSION",
            "EXIT_OK", "EXIT_USAGE", "EXIT_PLUGIN", "EXIT_PARSE", "EXIT_BUILD", "EXIT_NO_TENSORRT"]
 
 SIDECAR = "gdn_model.json"
-MIN_TRT_VERSION = (10, 8)
+MIN_TRT_VERSION = (10, 3)   # IPluginV3OneBuildV2 (getAliasedInput) and the aliased plugin I/O preview feature
 # the one exit-code table of every gdn-deploy command (gdn_deploy.errors)
 EXIT_OK, EXIT_USAGE, EXIT_PLUGIN = ExitCode.OK, ExitCode.USAGE, ExitCode.PLUGIN
 EXIT_PARSE = EXIT_BUILD = ExitCode.TENSORRT
@@ -50,6 +53,12 @@ class GraphJob:
     name: str
     onnx_path: Path
     profiles: list[Shapes] = field(default_factory=list)   # one dict per optimisation profile
+    trt_onnx_path: Path | None = None                       # the TensorRT-ready copy gdn-export wrote, if any
+
+    @property
+    def parse_path(self) -> Path:
+        """The file TensorRT parses: the TensorRT-ready copy when there is one."""
+        return self.trt_onnx_path or self.onnx_path
 
 
 # ---------------------------------------------------------------- metadata
@@ -107,12 +116,18 @@ def load_jobs(export_dir: str | Path, graphs: Sequence[str] | None = None) -> li
         path = d / info["file"]
         if not path.is_file():
             raise BuildError(f"{meta_path}: graphs.{g}.file: {path} does not exist", ExitCode.LOAD)
+        trt_path = None
+        if info.get("tensorrt_file"):
+            trt_path = d / str(info["tensorrt_file"])
+            if not trt_path.is_file():
+                raise BuildError(f"{meta_path}: graphs.{g}.tensorrt_file: {trt_path} does not exist; re-export, or "
+                                 "write it with gdn-build EXPORT_DIR --onnx-only", ExitCode.LOAD)
         raw = profiles.get(g)
         plist = [] if raw is None else ([raw] if isinstance(raw, dict) else raw)
         if not isinstance(plist, list):
             raise BuildError(f"{meta_path}: profiles.{g} must be an object or a list of objects", ExitCode.LOAD)
         jobs.append(GraphJob(g, path, [_profile(p, f"profiles.{g}" + (f"[{i}]" if len(plist) > 1 else ""))
-                                       for i, p in enumerate(plist)]))
+                                       for i, p in enumerate(plist)], trt_path))
     return jobs
 
 
@@ -134,38 +149,27 @@ def _trt_version(trt) -> tuple[int, ...]:
     return tuple(out)
 
 
-def load_plugins(trt, lib: Path, say: Callable[[str], None]):
-    """Load ``lib`` into the global plugin registry and check both gdn creators are there."""
-    from ..spec import SPEC  # noqa: PLC0415
-    registry = trt.get_plugin_registry()
+def load_plugins(trt, lib: Path, say: Callable[[str], None]) -> None:
+    """Register both gdn creators in TensorRT's registry (once per process: a second call loads nothing)."""
     try:
-        handle = registry.load_library(str(lib))
-    except Exception as e:  # noqa: BLE001 - TensorRT raises plain RuntimeError/TypeError
-        raise BuildError(f"could not load the plugin library {lib}: {e}", EXIT_PLUGIN) from None
-    if handle is None:
-        raise BuildError(f"TensorRT could not load the plugin library {lib} (see the TensorRT log above)", EXIT_PLUGIN)
-    get = getattr(registry, "get_creator", None) or registry.get_plugin_creator
-    missing = [op for op in SPEC.ops if get(op, SPEC.plugin_version, SPEC.plugin_namespace) is None]
-    if missing:
-        raise BuildError(f"{lib}: loaded, but no plugin creator {', '.join(missing)} (namespace "
-                         f"{SPEC.plugin_namespace!r}, version {SPEC.plugin_version!r}); is it the gdn plugin library?",
-                         EXIT_PLUGIN)
-    say(f"plugins: {lib} ({', '.join(SPEC.ops)}, namespace {SPEC.plugin_namespace!r})")
-    return handle
+        say(load_gdn_plugins(trt, lib))
+    except PluginLoadError as e:
+        raise BuildError(str(e), EXIT_PLUGIN) from None
 
 
 def _prepared_model(job: GraphJob):
+    """The model TensorRT parses; preparing it is a no-op for a TensorRT-ready file."""
     import onnx  # noqa: PLC0415
     try:
-        model = onnx.load(str(job.onnx_path), load_external_data=False)
+        model = onnx.load(str(job.parse_path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf DecodeError etc.
-        raise BuildError(f"{job.onnx_path}: not a readable ONNX model ({e})", EXIT_PARSE) from None
+        raise BuildError(f"{job.parse_path}: not a readable ONNX model ({e})", EXIT_PARSE) from None
     return model, prepare_onnx_for_tensorrt(model)
 
 
 def build_engine(trt, job: GraphJob, out_dir: Path, args: argparse.Namespace, logger, say) -> Path:
     model, stats = _prepared_model(job)
-    say(f"{job.name}: parsing {job.onnx_path.name} ({len(model.graph.node)} nodes, {stats['nodes']} gdn plugin nodes)")
+    say(f"{job.name}: parsing {job.parse_path.name} ({len(model.graph.node)} nodes, {stats['nodes']} gdn plugin nodes)")
     builder = trt.Builder(logger)
     flags = 0
     reduced = args.fp16 or args.bf16
@@ -173,13 +177,12 @@ def build_engine(trt, job: GraphJob, out_dir: Path, args: argparse.Namespace, lo
     if not reduced and hasattr(ntf, "STRONGLY_TYPED"):
         flags |= 1 << int(ntf.STRONGLY_TYPED)
     network = builder.create_network(flags)
+    # The gdn nodes carry plugin_namespace, so no parser flag is needed (ENABLE_PLUGIN_OVERRIDE would also let
+    # plugins of the same name replace standard ONNX ops).
     parser = trt.OnnxParser(network, logger)
-    pflag = getattr(getattr(trt, "OnnxParserFlag", None), "ENABLE_PLUGIN_OVERRIDE", None)
-    if pflag is not None:
-        parser.set_flag(pflag)
-    if not parser.parse(model.SerializeToString(), str(job.onnx_path)):
+    if not parser.parse(model.SerializeToString(), str(job.parse_path)):
         errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "no details"
-        raise BuildError(f"{job.name}: the TensorRT ONNX parser failed on {job.onnx_path}: {errs}", EXIT_PARSE)
+        raise BuildError(f"{job.name}: the TensorRT ONNX parser failed on {job.parse_path}: {errs}", EXIT_PARSE)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(args.workspace_gb * (1 << 30)))
     alias = getattr(getattr(trt, "PreviewFeature", None), "ALIASED_PLUGIN_IO_10_03", None)
@@ -223,14 +226,34 @@ def build_engine(trt, job: GraphJob, out_dir: Path, args: argparse.Namespace, lo
 
 
 def write_trt_onnx(job: GraphJob, say) -> Path:
-    """Write the prepared model as ``<stem>.trt.onnx`` beside the original (external data stays valid)."""
-    import onnx  # noqa: PLC0415
-    model, stats = _prepared_model(job)
-    path = job.onnx_path.with_name(job.onnx_path.stem + ".trt.onnx")
-    onnx.save(model, str(path))
-    say(f"{job.name}: wrote {path} ({stats['nodes']} gdn nodes -> plugins, {stats['functions_removed']} "
-        "onnxruntime function bodies removed)")
+    """Write the TensorRT-ready ``<stem>.trt.onnx`` beside the original (external data stays valid)."""
+    try:
+        path = write_tensorrt_onnx(job.onnx_path)
+    except ValueError as e:
+        raise BuildError(f"{job.onnx_path}: {e}", ExitCode.LOAD) from None
+    except Exception as e:  # noqa: BLE001 - protobuf DecodeError etc.
+        raise BuildError(f"{job.onnx_path}: not a readable ONNX model ({e})", ExitCode.LOAD) from None
+    if path is None:
+        raise BuildError(f"{job.onnx_path}: has no gdn nodes (an --interop export?); nothing for the plugins",
+                         ExitCode.LOAD)
+    say(f"{job.name}: wrote {path} (gdn nodes -> plugins, onnxruntime function bodies removed)")
+    job.trt_onnx_path = path
     return path
+
+
+def _record_trt_files(export_dir: Path, jobs: Sequence[GraphJob], say) -> None:
+    """Name the written copies in the sidecar (graphs.<g>.tensorrt_file), as gdn-export does."""
+    path = export_dir / SIDECAR
+    meta = json.loads(path.read_text())
+    changed = False
+    for job in jobs:
+        name = job.trt_onnx_path.name if job.trt_onnx_path else None
+        if name and meta["graphs"][job.name].get("tensorrt_file") != name:
+            meta["graphs"][job.name]["tensorrt_file"] = name
+            changed = True
+    if changed:
+        path.write_text(json.dumps(meta, indent=2) + "\n")
+        say(f"recorded the TensorRT-ready files in {path}")
 
 
 # ---------------------------------------------------------------- CLI
@@ -239,12 +262,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="gdn-build",
         description="Build TensorRT engines (<graph>.engine) from a gdn-export folder, using the gdn TensorRT "
                     "plugins (GatedDeltaPrefill / GatedDeltaDecode, namespace gdn).",
-        epilog=f"Plugin library: --plugin-lib, else ${PLUGIN_LIB_ENV}, else build/plugins_cpp/libgdn_trt_plugins.so. "
-               "Exit codes: 0 ok, 2 bad arguments or metadata, 3 plugin library, 4 ONNX parse, 5 engine build, "
-               f"6 TensorRT not installed (needs TensorRT >= {'.'.join(map(str, MIN_TRT_VERSION))}).")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"plugin library: --plugin-lib, else ${PLUGIN_LIB_ENV}, else build/plugins_cpp/libgdn_trt_plugins.so\n"
+               "(registered once per process: calling gdn-build again in the same process loads nothing);\n"
+               f"needs TensorRT >= {'.'.join(map(str, MIN_TRT_VERSION))}.\n\n" + EXIT_CODES_HELP)
     p.add_argument("export_dir", metavar="EXPORT_DIR", help="folder written by gdn-export (has gdn_model.json)")
     p.add_argument("--graphs", default=None, help="comma-separated graph names to build (default: all in the metadata)")
-    p.add_argument("--plugin-lib", type=Path, default=None, help="path of libgdn_trt_plugins.so")
+    p.add_argument("--plugin-lib", type=Path, default=None,
+                   help="path of libgdn_trt_plugins.so (or libgdn_trt_plugins_autoreg.so)")
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp16", action="store_true",
                       help="weakly typed build allowing fp16 (TensorRT 10 only; default: strongly typed, the ONNX dtypes)")
@@ -252,9 +277,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace-gb", type=float, default=4.0, help="builder workspace limit in GiB (default 4)")
     p.add_argument("-o", "--output-dir", type=Path, default=None, help="where engines go (default: EXPORT_DIR)")
     p.add_argument("--write-onnx", action="store_true",
-                   help="also write <graph>.trt.onnx (gdn nodes marked for the plugins) beside each ONNX file")
+                   help="also (re)write <graph>.trt.onnx (TensorRT-ready: gdn nodes -> plugins, no onnxruntime "
+                        "bodies) beside each ONNX file; gdn-export already writes them")
     p.add_argument("--onnx-only", action="store_true",
-                   help="only write the <graph>.trt.onnx files (no TensorRT needed), e.g. for trtexec")
+                   help="only (re)write the <graph>.trt.onnx files (no TensorRT needed), e.g. for an export folder "
+                        "made before gdn-export wrote them")
     p.add_argument("-v", "--verbose", action="store_true", help="TensorRT INFO log")
     return p
 
@@ -273,15 +300,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.write_onnx or args.onnx_only:
             for job in jobs:
                 write_trt_onnx(job, say)
+            _record_trt_files(Path(args.export_dir), jobs, say)
             if args.onnx_only:
                 return EXIT_OK
         trt = import_tensorrt()
-        if _trt_version(trt) < (10, 0):
-            raise BuildError(f"TensorRT {trt.__version__} is too old: the gdn plugins are IPluginV3 (TensorRT >= "
-                             f"{'.'.join(map(str, MIN_TRT_VERSION))})", EXIT_NO_TENSORRT)
         if _trt_version(trt) < MIN_TRT_VERSION:
-            say(f"warning: TensorRT {trt.__version__} is older than the tested "
-                f"{'.'.join(map(str, MIN_TRT_VERSION))}")
+            raise BuildError(f"TensorRT {trt.__version__} is too old: the gdn plugins need TensorRT >= "
+                             f"{'.'.join(map(str, MIN_TRT_VERSION))} (IPluginV3OneBuildV2)", EXIT_NO_TENSORRT)
         lib = args.plugin_lib or find_plugin_library()
         if lib is None or not Path(lib).is_file():
             looked = [str(args.plugin_lib)] if args.plugin_lib else [str(c) for c in plugin_library_candidates()]
@@ -289,13 +314,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "`cmake -S . -B build -DTensorRT_ROOT=... && cmake --build build` or pass --plugin-lib",
                              EXIT_PLUGIN)
         logger = trt.Logger(trt.Logger.INFO if args.verbose else trt.Logger.WARNING)
-        handle = load_plugins(trt, Path(lib), say)  # noqa: F841 - keeps the library loaded
+        load_plugins(trt, Path(lib), say)
         out_dir = args.output_dir or Path(args.export_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         engines = {}
         for job in jobs:
             path = build_engine(trt, job, out_dir, args, logger, say)
-            engines[job.name] = {"file": path.name, "onnx": str(job.onnx_path),
+            engines[job.name] = {"file": path.name, "onnx": str(job.parse_path),
                                  "profiles": [{n: {"min": s[0], "opt": s[1], "max": s[2]} for n, s in p.items()}
                                               for p in job.profiles]}
         summary = out_dir / "gdn_engines.json"

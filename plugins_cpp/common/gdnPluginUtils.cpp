@@ -195,8 +195,10 @@ GdnAttrs parseFields(PluginFieldCollection const* fc, bool hasStateMode, char co
                     known += (known.empty() ? "" : ", ") + std::string(k.name);
                 }
             }
-            throw GdnPluginError(
-                std::string(opName) + ": unknown plugin field '" + name + "' (known: " + known + ")");
+            // Like TensorRT's own plugins: a field this op does not know is ignored (a newer exporter's attribute,
+            // or one the ONNX parser forwards), with a warning that names it.
+            logMessage(ILogger::Severity::kWARNING,
+                std::string(opName) + ": ignoring unknown plugin field '" + name + "' (known: " + known + ")");
         }
     }
     checkAttrs(a, hasStateMode, opName);

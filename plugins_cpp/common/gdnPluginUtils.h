@@ -57,8 +57,9 @@ struct GdnAttrs
     int32_t stateMode = spec::kStateModeDefault; // GatedDeltaDecode only
 };
 
-//! Parse a field collection over the spec defaults. Unknown names, wrong lengths, non-numeric types and
-//! out-of-range values throw GdnPluginError naming the field. `hasStateMode`: the op has a state_mode field.
+//! Parse a field collection over the spec defaults (absent fields keep them). Unknown names are ignored with a
+//! warning; wrong lengths, non-numeric types and out-of-range values of known fields throw GdnPluginError naming
+//! the field. `hasStateMode`: the op has a state_mode field.
 GdnAttrs parseFields(nvinfer1::PluginFieldCollection const* fc, bool hasStateMode, char const* opName);
 //! Range checks of the attribute values (gate_mode, use_qk_l2norm, state_mode in {0,1}; eps > 0; scale >= 0).
 void checkAttrs(GdnAttrs const& attrs, bool hasStateMode, char const* opName);

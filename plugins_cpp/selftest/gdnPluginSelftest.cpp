@@ -1,13 +1,14 @@
 // Host-only selftest of the gdn TensorRT plugins: exercises the creators and plugin objects the way
-// TensorRT's builder would, without a GPU or the TensorRT runtime (only the headers are needed).
+// TensorRT's builder would, without a GPU or the TensorRT runtime (only the headers are needed): names, fields,
+// output types and shapes, the supportsFormatCombination truth table, configure/onShapeChange errors, error
+// reporting. The GPU side of the lifecycle (enqueue vs the float64 reference) is gdn_plugin_lifecycle.
 // Exit code 0 when every check passes; prints one line per failed check.
 #include "gdnDecodePlugin/gdnDecodePlugin.h"
 #include "gdnPrefillPlugin/gdnPrefillPlugin.h"
+#include "testing/gdnTestDoubles.h"
 
 #include <cstdio>
 #include <cstring>
-#include <deque>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,194 +20,13 @@ extern "C" void setLoggerFinder(ILoggerFinder* finder);
 
 namespace
 {
-int gChecks = 0;
-int gFailures = 0;
+using gdn::testing::CaptureFinder;
+using gdn::testing::CaptureRecorder;
+using gdn::testing::FakeResourceContext;
+using FakeBuilder = gdn::testing::SymbolicExprBuilder;
 
-#define CHECK(cond)                                                                                                    \
-    do                                                                                                                 \
-    {                                                                                                                  \
-        ++gChecks;                                                                                                     \
-        if (!(cond))                                                                                                   \
-        {                                                                                                              \
-            ++gFailures;                                                                                               \
-            std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);                                              \
-        }                                                                                                              \
-    } while (0)
-
-// ---------------------------------------------------------------- logger capture
-class CaptureLogger : public ILogger
-{
-public:
-    void log(Severity severity, AsciiChar const* msg) noexcept override
-    {
-        if (severity <= Severity::kERROR)
-        {
-            errors.emplace_back(msg);
-        }
-    }
-    bool lastErrorHas(char const* needle) const
-    {
-        return !errors.empty() && errors.back().find(needle) != std::string::npos;
-    }
-    std::vector<std::string> errors;
-};
-
-class CaptureFinder : public ILoggerFinder
-{
-public:
-    ILogger* findLogger() override
-    {
-        return &logger;
-    }
-    CaptureLogger logger;
-};
-
-// ---------------------------------------------------------------- error recorder / resource context
-class CaptureRecorder : public IErrorRecorder
-{
-public:
-    int32_t getNbErrors() const noexcept override
-    {
-        return static_cast<int32_t>(errors.size());
-    }
-    ErrorCode getErrorCode(int32_t /*errorIdx*/) const noexcept override
-    {
-        return ErrorCode::kINTERNAL_ERROR;
-    }
-    ErrorDesc getErrorDesc(int32_t errorIdx) const noexcept override
-    {
-        return errors[static_cast<size_t>(errorIdx)].c_str();
-    }
-    bool hasOverflowed() const noexcept override
-    {
-        return false;
-    }
-    void clear() noexcept override
-    {
-        errors.clear();
-    }
-    bool reportError(ErrorCode /*val*/, ErrorDesc desc) noexcept override
-    {
-        errors.emplace_back(desc);
-        return true;
-    }
-    RefCount incRefCount() noexcept override
-    {
-        return 1;
-    }
-    RefCount decRefCount() noexcept override
-    {
-        return 0;
-    }
-    bool lastHas(char const* needle) const
-    {
-        return !errors.empty() && errors.back().find(needle) != std::string::npos;
-    }
-    std::vector<std::string> errors;
-};
-
-class FakeResourceContext : public IPluginResourceContext
-{
-public:
-    IGpuAllocator* getGpuAllocator() const noexcept override
-    {
-        return nullptr;
-    }
-    IErrorRecorder* getErrorRecorder() const noexcept override
-    {
-        return recorder;
-    }
-    IErrorRecorder* recorder = nullptr;
-};
-
-// ---------------------------------------------------------------- fake IExprBuilder (constants only)
-class FakeExprImpl : public apiv::VDimensionExpr
-{
-public:
-    explicit FakeExprImpl(int64_t v)
-        : value(v)
-    {
-    }
-    bool isConstant() const override
-    {
-        return true;
-    }
-    int64_t getConstantValue() const override
-    {
-        return value;
-    }
-    bool isSizeTensor() const override
-    {
-        return false;
-    }
-    int64_t value;
-};
-
-class FakeExpr : public IDimensionExpr
-{
-public:
-    explicit FakeExpr(int64_t v)
-        : mFake(v)
-    {
-        mImpl = &mFake;
-    }
-    ~FakeExpr() noexcept override = default;
-
-private:
-    FakeExprImpl mFake;
-};
-
-class FakeBuilderImpl : public apiv::VExprBuilder
-{
-public:
-    IDimensionExpr const* constant(int64_t value) override
-    {
-        pool.emplace_back(new FakeExpr(value));
-        return pool.back().get();
-    }
-    IDimensionExpr const* operation(DimensionOperation op, IDimensionExpr const& a, IDimensionExpr const& b) override
-    {
-        int64_t const x = a.getConstantValue();
-        int64_t const y = b.getConstantValue();
-        switch (op)
-        {
-        case DimensionOperation::kSUM: return constant(x + y);
-        case DimensionOperation::kPROD: return constant(x * y);
-        case DimensionOperation::kSUB: return constant(x - y);
-        case DimensionOperation::kMAX: return constant(x > y ? x : y);
-        case DimensionOperation::kMIN: return constant(x < y ? x : y);
-        default: return nullptr;
-        }
-    }
-    IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&, IDimensionExpr const&) override
-    {
-        return nullptr;
-    }
-    std::deque<std::unique_ptr<FakeExpr>> pool;
-};
-
-class FakeBuilder : public IExprBuilder
-{
-public:
-    FakeBuilder()
-    {
-        mImpl = &mFake;
-    }
-    ~FakeBuilder() noexcept override = default;
-    DimsExprs exprs(Dims const& d)
-    {
-        DimsExprs e{};
-        e.nbDims = d.nbDims;
-        for (int32_t i = 0; i < d.nbDims; ++i)
-        {
-            e.d[i] = constant(d.d[i]);
-        }
-        return e;
-    }
-
-private:
-    FakeBuilderImpl mFake;
-};
+gdn::testing::CheckCounter gCounter;
+#define CHECK(cond) GDN_CHECK(gCounter, cond)
 
 // ---------------------------------------------------------------- helpers
 Dims dims(std::initializer_list<int64_t> v)
@@ -472,7 +292,7 @@ int main()
         std::vector<DimsExprs> in;
         for (int i = 0; i < 7; ++i)
         {
-            in.push_back(eb.exprs(t[i].d));
+            in.push_back(eb.constants(t[i].d));
         }
         DimsExprs out[2]{};
         CHECK(buildOf(pDefault)->getOutputShapes(in.data(), 7, nullptr, 0, out, 2, eb) == 0);
@@ -486,7 +306,7 @@ int main()
         std::vector<DimsExprs> din;
         for (int i = 0; i < 7; ++i)
         {
-            din.push_back(eb.exprs(u[i].d));
+            din.push_back(eb.constants(u[i].d));
         }
         CHECK(buildOf(dPool)->getOutputShapes(din.data(), 7, nullptr, 0, out, 2, eb) == 0);
         CHECK(out[0].nbDims == 3 && out[0].d[0]->getConstantValue() == 3 && out[0].d[2]->getConstantValue() == 64);
@@ -563,15 +383,21 @@ int main()
         CHECK(make(pc, {{"gate_mode", &seven, PluginFieldType::kINT32, 1}}) == nullptr);
         CHECK(finder.logger.lastErrorHas("gate_mode: must be 0 or 1, got 7"));
         CHECK(make(dc, {{"state_mode", &seven, PluginFieldType::kINT32, 1}}) == nullptr);
-        CHECK(make(pc, {{"state_mode", &one, PluginFieldType::kINT32, 1}}) == nullptr); // prefill has no state_mode
-        CHECK(finder.logger.lastErrorHas("unknown plugin field 'state_mode'"));
-        CHECK(make(pc, {{"bogus", &one, PluginFieldType::kINT32, 1}}) == nullptr);
+        // Unknown fields are ignored with a warning naming them (prefill has no state_mode); known ones still apply.
+        IPluginV3* ignored = make(pc, {{"state_mode", &one, PluginFieldType::kINT32, 1}, {"bogus", text,
+            PluginFieldType::kCHAR, 1}, {"gate_mode", &one, PluginFieldType::kINT32, 1}});
+        CHECK(ignored != nullptr && intField(runtimeOf(ignored)->getFieldsToSerialize(), "gate_mode") == 1);
+        CHECK(finder.logger.lastWarningHas("GatedDeltaPrefill: ignoring unknown plugin field 'bogus'"));
+        CHECK(finder.logger.warnings.size() >= 2
+            && finder.logger.warnings[finder.logger.warnings.size() - 2].find("unknown plugin field 'state_mode'")
+                != std::string::npos);
+        delete ignored;
         CHECK(make(pc, {{"gate_mode", text, PluginFieldType::kCHAR, 1}}) == nullptr);
         CHECK(make(pc, {{"l2norm_eps", &negative, PluginFieldType::kFLOAT32, 1}}) == nullptr);
         CHECK(make(pc, {{"scale", &scale, PluginFieldType::kFLOAT32, 0}}) == nullptr);
         CHECK(make(pc, {{"use_qk_l2norm", &scale, PluginFieldType::kFLOAT32, 1}}) == nullptr); // 0.125 not an int
         CHECK(make(pc, {{nullptr, &one, PluginFieldType::kINT32, 1}}) == nullptr);
-        CHECK(reportedErrorCount() == e0 + 9);
+        CHECK(reportedErrorCount() == e0 + 7);
     }
 
     // ------------------------------------------------------------ shared plugin machinery, per plugin
@@ -651,6 +477,6 @@ int main()
     {
         delete p;
     }
-    std::printf("gdn_plugin_selftest: %d checks, %d failed\n", gChecks, gFailures);
-    return gFailures == 0 ? 0 : 1;
+    std::printf("gdn_plugin_selftest: %d checks, %d failed\n", gCounter.checks, gCounter.failures);
+    return gCounter.failures == 0 ? 0 : 1;
 }

@@ -73,7 +73,8 @@ def test_files_checker_and_verification(lm_fp32):
     _, res = lm_fp32
     names = sorted(p.name for p in res.files)
     graphs = ["decode", "decode_pool", "prefill"]
-    assert names == sorted([f"{g}.onnx" for g in graphs] + [f"{g}_inputs.json" for g in graphs]
+    assert names == sorted([f"{g}.onnx" for g in graphs] + [f"{g}.trt.onnx" for g in graphs]
+                           + [f"{g}_inputs.json" for g in graphs]
                            + [f"{g}_reference.json" for g in graphs] + [md.SIDECAR_NAME])
     for p in res.files:
         if p.suffix == ".onnx":

@@ -8,6 +8,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from gdn_deploy.onnx_nodes import write_tensorrt_onnx
 from gdn_deploy.spec import DECODE, PREFILL, SPEC
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
@@ -61,8 +62,11 @@ def gdn_model(op_name: str, *, io: str = "float32", gate: str = "float32", Hk: i
     return model
 
 
-def write_export_dir(d: Path, graphs: dict[str, onnx.ModelProto], profiles: dict[str, Any] | None = None) -> Path:
-    """Write ``<name>.onnx`` files and a gdn_model.json like gdn-export's (graphs + profiles)."""
+def write_export_dir(d: Path, graphs: dict[str, onnx.ModelProto], profiles: dict[str, Any] | None = None, *,
+                     tensorrt: bool = True) -> Path:
+    """Write ``<name>.onnx`` files and a gdn_model.json like gdn-export's (graphs + profiles); with ``tensorrt``
+    also the TensorRT-ready ``<name>.trt.onnx`` copies named by ``graphs.<name>.tensorrt_file``, as gdn-export
+    writes them (without: a folder from before gdn-export wrote them)."""
     d.mkdir(parents=True, exist_ok=True)
     from gdn_deploy.export.metadata import FORMAT, FORMAT_VERSION
     meta: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": {"kind": "block"},
@@ -71,6 +75,8 @@ def write_export_dir(d: Path, graphs: dict[str, onnx.ModelProto], profiles: dict
         onnx.save(model, str(d / f"{name}.onnx"))
         meta["graphs"][name] = {"file": f"{name}.onnx",
                                 "inputs": [{"name": i.name} for i in model.graph.input]}
+        if tensorrt:
+            meta["graphs"][name]["tensorrt_file"] = write_tensorrt_onnx(d / f"{name}.onnx").name
     meta["profiles"] = profiles or {}
     (d / "gdn_model.json").write_text(json.dumps(meta, indent=2))
     return d

@@ -1,9 +1,10 @@
 """gdn-build without TensorRT: help, metadata errors, missing module, ONNX preparation, library lookup.
 
-The last test drives the whole TensorRT code path of gdn-build against a small recording stand-in
+The last tests drive the whole TensorRT code path of gdn-build against a small recording stand-in
 for the ``tensorrt`` module (clearly not TensorRT: it checks the calls gdn-build makes, e.g. that
-the parser receives gdn nodes marked for the plugins, the profiles and the aliasing preview
-feature); real engines are built and run in test_trt_engine.py where TensorRT and a GPU exist.
+the parser receives the TensorRT-ready file, the profiles and the aliasing preview feature, and that
+its plugin registry follows TensorRT's rule that load_library fails when a creator is already
+registered); real engines are built and run in test_trt_engine.py where TensorRT and a GPU exist.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from gdn_deploy.plugins import (PLUGIN_LIB_ENV, find_plugin_library, plugin_library_candidates,
                                 prepare_onnx_for_tensorrt)
-from gdn_deploy.plugins import build_cli
+from gdn_deploy.onnx_nodes import tensorrt_ready_problems
+from gdn_deploy.plugins import build_cli, loader
 from gdn_deploy.spec import SPEC
 
 from .onnx_graphs import decode_profile, gdn_model, prefill_profile, write_export_dir
@@ -56,7 +58,7 @@ def test_missing_tensorrt_exit_6(export_dir, no_tensorrt, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("gdn-build: TensorRT is not installed (the tensorrt Python module could not be "
-                               "imported); engines can be built on a machine with TensorRT >= 10.8")
+                               "imported); engines can be built on a machine with TensorRT >= 10.3")
     assert not list(export_dir.glob("*.engine"))
 
 
@@ -73,6 +75,7 @@ def _meta(d):
     ("no_graphs", "missing key 'graphs'", 3),
     ("no_file", "graphs.decode needs a 'file'", 3),
     ("missing_onnx", "does not exist", 3),
+    ("missing_trt_onnx", "graphs.decode.tensorrt_file", 3),
     ("unknown_graph", "no graph 'decode_pool' (available: prefill, decode)", 2),
     ("profile_order", "needs min <= opt <= max", 3),
     ("profile_rank", "different ranks", 3),
@@ -99,6 +102,8 @@ def test_metadata_errors(export_dir, capsys, case, needle, code):
             del meta["graphs"]["decode"]["file"]
         elif case == "missing_onnx":
             (export_dir / "decode.onnx").unlink()
+        elif case == "missing_trt_onnx":
+            (export_dir / "decode.trt.onnx").unlink()
         elif case == "unknown_graph":
             argv += ["--graphs", "decode,decode_pool"]
         elif case == "profile_order":
@@ -120,7 +125,10 @@ def test_bad_workspace(export_dir, capsys):
     assert code == 2 and "--workspace-gb must be > 0" in err
 
 
-def test_onnx_only_prepares_models(export_dir, no_tensorrt, capsys):
+def test_onnx_only_prepares_models(tmp_path, no_tensorrt, capsys):
+    export_dir = write_export_dir(tmp_path / "old_export",
+                                  {"prefill": gdn_model("GatedDeltaPrefill"), "decode": gdn_model("GatedDeltaDecode")},
+                                  {"prefill": prefill_profile(), "decode": decode_profile()}, tensorrt=False)
     code, out, err = run([export_dir, "--onnx-only"], capsys)
     assert code == 0, err
     for name, op in (("prefill", "GatedDeltaPrefill"), ("decode", "GatedDeltaDecode")):
@@ -133,6 +141,8 @@ def test_onnx_only_prepares_models(export_dir, no_tensorrt, capsys):
         assert not any(f.name == op for f in m.functions)
         assert f"{name}.trt.onnx" in out
     assert onnx.load(str(export_dir / "decode.onnx")).functions, "the original export must stay untouched"
+    assert {g: i["tensorrt_file"] for g, i in _meta(export_dir)["graphs"].items()} == {
+        "prefill": "prefill.trt.onnx", "decode": "decode.trt.onnx"}
 
 
 def test_prepare_is_idempotent_and_keeps_other_functions():
@@ -189,19 +199,26 @@ class _Rec:
         return 0
 
 
-def _fake_tensorrt(log, inputs, creators_found=True):
+def _fake_tensorrt(log, inputs, library_registers=True, version="10.9.0"):
+    """A recording stand-in of the ``tensorrt`` module. Its registry follows TensorRT's documented rule:
+    load_library registers the library's creators, and returns None when any of them is already registered."""
     trt = types.ModuleType("tensorrt")
-    trt.__version__ = "10.9.0"
+    trt.__version__ = version
     trt.Logger = type("Logger", (), {"INFO": 3, "WARNING": 2, "__init__": lambda self, sev: None})
+    registered = set()
 
     class Registry:
         def load_library(self, path):
             log.append(("load_library", (path,), {}))
+            ours = {(op, SPEC.plugin_version, SPEC.plugin_namespace) for op in SPEC.ops} if library_registers else set()
+            if ours & registered:
+                return None
+            registered.update(ours)
             return object()
 
         def get_creator(self, name, version, namespace):
             log.append(("get_creator", (name, version, namespace), {}))
-            return object() if creators_found else None
+            return object() if (name, version, namespace) in registered else None
 
     class Tensor:
         def __init__(self, name, shape):
@@ -221,6 +238,9 @@ def _fake_tensorrt(log, inputs, creators_found=True):
 
         def set_flag(self, flag):
             log.append(("parser.set_flag", (flag,), {}))
+
+        def set_flags(self, flags):
+            log.append(("parser.set_flag", (flags,), {}))
 
         def parse(self, data, path):
             log.append(("parse", (onnx.load_from_string(data), path), {}))
@@ -247,7 +267,8 @@ def _fake_tensorrt(log, inputs, creators_found=True):
         def build_serialized_network(self, network, config):
             return b"ENGINE"
 
-    trt.get_plugin_registry = lambda: Registry()
+    registry = Registry()
+    trt.get_plugin_registry = lambda: registry
     trt.Builder, trt.OnnxParser = Builder, Parser
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=0)
     trt.OnnxParserFlag = types.SimpleNamespace(ENABLE_PLUGIN_OVERRIDE="OVERRIDE")
@@ -272,25 +293,46 @@ def test_build_flow_with_recording_tensorrt(export_dir, tmp_path, monkeypatch, c
     summary = json.loads((out / "gdn_engines.json").read_text())
     assert summary["engines"]["decode"]["file"] == "decode.engine" and summary["tensorrt_version"] == "10.9.0"
     calls = {c[0]: c for c in log}
-    assert calls["load_library"][1] == (str(lib),)
+    assert [c[1] for c in log if c[0] == "load_library"] == [(str(lib),)]
     assert {c[1] for c in log if c[0] == "get_creator"} == {(op, "1", "gdn") for op in SPEC.ops}
     assert calls["create_network"][1] == (1,)                       # strongly typed
-    assert calls["parser.set_flag"][1] == ("OVERRIDE",)
+    assert "parser.set_flag" not in calls                           # no ENABLE_PLUGIN_OVERRIDE (or any flag)
     parsed, path = calls["parse"][1]
-    node = parsed.graph.node[0]
-    assert path == str(export_dir / "decode.onnx") and not parsed.functions
-    assert {a.name for a in node.attribute} >= {"plugin_namespace", "plugin_version"}
+    assert path == str(export_dir / "decode.trt.onnx")              # the TensorRT-ready file gdn-export wrote
+    assert not parsed.functions and not tensorrt_ready_problems(parsed)
     assert ("config.set_preview_feature", ("ALIAS", True), {}) in log
     assert ("config.set_memory_pool_limit", ("WS", 1 << 29), {}) in log
     shapes = {c[1][0]: c[1][1:] for c in log if c[0] == "set_shape"}
     assert shapes["state"] == ([1, 4, 64, 64], [4, 4, 64, 64], [8, 4, 64, 64])
     assert "decode: wrote" in so
 
+    # gdn-build again in the same process (the same registry): nothing is loaded twice, no error
+    log.clear()
+    code, so, se = run([export_dir, "--graphs", "decode", "--plugin-lib", lib, "-o", out], capsys)
+    assert code == 0, se
+    assert not [c for c in log if c[0] == "load_library"] and "already registered" in so
+
     # the plugin library must hold both creators
     log.clear()
-    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(log, inputs, creators_found=False))
+    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(log, inputs, library_registers=False))
     code, _, se = run([export_dir, "--graphs", "decode", "--plugin-lib", lib, "-o", out], capsys)
     assert code == build_cli.EXIT_PLUGIN and "no plugin creator GatedDeltaPrefill, GatedDeltaDecode" in se
+
+    # TensorRT older than 10.3: exit 6 before anything is loaded
+    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(log, inputs, version="10.2.0"))
+    code, _, se = run([export_dir, "--graphs", "decode", "--plugin-lib", lib, "-o", out], capsys)
+    assert code == build_cli.EXIT_NO_TENSORRT and "plugins need TensorRT >= 10.3" in se
+
+    # a folder exported before gdn-export wrote TensorRT-ready files: prepared in memory
+    log.clear()
+    meta = _meta(export_dir)
+    del meta["graphs"]["decode"]["tensorrt_file"]
+    (export_dir / "gdn_model.json").write_text(json.dumps(meta))
+    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(log, inputs))
+    code, _, se = run([export_dir, "--graphs", "decode", "--plugin-lib", lib, "-o", out], capsys)
+    assert code == 0, se
+    parsed, path = next(c[1] for c in log if c[0] == "parse")
+    assert path == str(export_dir / "decode.onnx") and not tensorrt_ready_problems(parsed)
 
     # a dynamic input without a profile entry is reported before building
     meta = _meta(export_dir)
@@ -304,3 +346,15 @@ def test_build_flow_with_recording_tensorrt(export_dir, tmp_path, monkeypatch, c
     monkeypatch.setenv(PLUGIN_LIB_ENV, str(tmp_path / "none.so"))
     code, _, se = run([export_dir, "--graphs", "decode"], capsys)
     assert code == build_cli.EXIT_PLUGIN and "plugin library not found" in se and "none.so" in se
+
+
+def test_loader_refuses_library_of_another_major(tmp_path, monkeypatch):
+    lib = tmp_path / "libgdn_trt_plugins.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(loader, "library_tensorrt_version", lambda path: 110100)
+    log = []
+    trt = _fake_tensorrt(log, {}, version="10.9.0")
+    with pytest.raises(loader.PluginLoadError, match=r"compiled with TensorRT 11\.1 headers but this is TensorRT "
+                                                     r"10\.9\.0; rebuild it with TensorRT_ROOT"):
+        loader.load_gdn_plugins(trt, lib)
+    assert not [c for c in log if c[0] == "load_library"]

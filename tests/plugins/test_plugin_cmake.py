@@ -1,27 +1,43 @@
-"""plugins_cpp/CMakeLists.txt: skips cleanly without TensorRT headers; with them, builds
-libgdn_trt_plugins.so (exporting getCreators/setLoggerFinder, no libnvinfer needed) and the host-only
-gdn_plugin_selftest, which must pass.
+"""plugins_cpp/CMakeLists.txt and the plugin libraries, on a CPU (no GPU, no TensorRT runtime).
 
-To stay fast (no nvcc run), the build here uses a scratch CMake project that adds plugins_cpp/ beside a
-*stand-in* gdn_kernels_static: host C++ implementing the kernel API's shape checks, workspace size and
-launches that return an error (the selftest never launches). The real kernels are linked in the full
-build (`cmake -S . -B build ...`); ``test_built_selftest`` runs that build's selftest when it exists.
+Without TensorRT headers CMake skips the plugins with one line naming TensorRT_ROOT. With the headers
+(``$TensorRT_ROOT``, the standard places, or /work/trt/TensorRT), a scratch CMake project builds plugins_cpp/
+beside a *stand-in* gdn_kernels_static (host C++ with the kernel API's checks and workspace size; launches return
+an error; no nvcc run) and checks:
+
+- the libraries: exported symbols, the CUDA runtime linked statically (no libcudart.so NEEDED), no RUNPATH but
+  ``$ORIGIN`` (nothing of the build machine), never unloaded (NODELETE), no libnvinfer needed;
+- ``gdn_plugin_selftest`` (host-only checks of the plugin classes);
+- ``gdn_plugin_loading_test``: the libraries loaded the way trtexec --staticPlugins / --dynamicPlugins, Polygraphy
+  --plugins and load_library load them, twice in one process, against a fake libnvinfer registry that records
+  registerCreator: both creators end up registered exactly once;
+- ``gdn_plugin_lifecycle --host-only``: the TensorRT call sequence up to enqueue on the cases of
+  lifecycle_cases.py (the GPU part is test_plugin_lifecycle.py).
+
+The selftest and the library checks also run on a full build (real kernels) when ``build/`` (or
+``$GDN_BUILD_DIR``) has one.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from .lifecycle_cases import default_cases, write_case
+
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "plugins_cpp"
-SKIP_MESSAGE = ("gdn: TensorRT headers not found (set TensorRT_ROOT=...): skipping the TensorRT plugin target "
-                "gdn_trt_plugins")
+SKIP_MESSAGE = ("gdn: TensorRT headers not found (set TensorRT_ROOT=/path/to/TensorRT, the folder whose include/ "
+                "holds NvInferRuntime.h): skipping the TensorRT plugins (gdn_trt_plugins)")
 STD_TRT_DIRS = ["/usr/include/x86_64-linux-gnu", "/usr/include/aarch64-linux-gnu", "/usr/local/tensorrt/include",
                 "/opt/tensorrt/include"]
+DEV_TRT_ROOT = "/work/trt/TensorRT"   # headers-only copy on the development machine (never committed)
+LOADING_SCENARIOS = ["static-twice", "loadlibrary-twice", "python-twice", "static-then-loadlibrary",
+                     "loadlibrary-then-static", "no-tensorrt", "version-mismatch"]
 
 STUB_KERNELS = r"""
 // Test stand-in for plugins_cpp/kernels (host only): same API, no CUDA kernels.
@@ -48,9 +64,9 @@ cudaError_t launchGdnDecode(GdnDecodeParams const&, cudaStream_t) { return cudaE
 """
 
 
-def _trt_include() -> Path | None:
-    roots = [os.environ["TensorRT_ROOT"] + "/include"] if os.environ.get("TensorRT_ROOT") else []
-    for d in roots + STD_TRT_DIRS:
+def trt_include() -> Path | None:
+    roots = [os.environ["TensorRT_ROOT"]] if os.environ.get("TensorRT_ROOT") else []
+    for d in [r + "/include" for r in roots + [DEV_TRT_ROOT]] + STD_TRT_DIRS:
         if (Path(d) / "NvInferRuntime.h").is_file():
             return Path(d)
     return None
@@ -60,9 +76,9 @@ def _cuda_toolkit() -> bool:
     return shutil.which("nvcc") is not None or Path("/usr/local/cuda/include/cuda_runtime.h").is_file()
 
 
-def _scratch(tmp_path: Path, kernels: str) -> Path:
-    src = tmp_path / "src"
-    src.mkdir()
+def _scratch(root: Path, kernels: str) -> Path:
+    src = root / "src"
+    src.mkdir(parents=True)
     (src / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.18)\nproject(gdn_plugin_probe LANGUAGES CXX)\n" + kernels
         + f"add_subdirectory({PLUGINS.as_posix()} plugins_cpp)\n")
@@ -88,42 +104,121 @@ def test_configure_without_headers_skips(tmp_path):
 
 
 @needs_cmake
-def test_selftest_with_stub_kernels(tmp_path):
-    inc = _trt_include()
+def test_configure_with_wrong_root_names_it(tmp_path):
+    src = _scratch(tmp_path, "add_library(gdn_kernels_static INTERFACE)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TensorRT_ROOT"}
+    ignore = STD_TRT_DIRS + ["/usr/include", "/usr/local/include"]
+    r = _run(["cmake", "-S", src, "-B", tmp_path / "b", f"-DTensorRT_ROOT={tmp_path / 'nowhere'}",
+              "-DCMAKE_IGNORE_PATH=" + ";".join(ignore)], env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "TensorRT headers not found" in ln]
+    assert lines == [f"-- gdn: TensorRT headers not found: TensorRT_ROOT={tmp_path / 'nowhere'} has no "
+                     "include/NvInferRuntime.h; skipping the TensorRT plugins (gdn_trt_plugins)"]
+
+
+@pytest.fixture(scope="module")
+def stub_build(tmp_path_factory) -> Path:
+    """plugins_cpp/ built against the TensorRT headers and the stand-in kernels; returns its plugins_cpp folder."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    inc = trt_include()
     if inc is None:
-        pytest.skip("TensorRT headers not found (set TensorRT_ROOT or install them under " + ", ".join(STD_TRT_DIRS) + ")")
+        pytest.skip("TensorRT headers not found (set TensorRT_ROOT, or install them under "
+                    + ", ".join(STD_TRT_DIRS) + ")")
     if not _cuda_toolkit():
-        pytest.skip("the CUDA toolkit (cuda_runtime.h, libcudart) is not installed")
-    (tmp_path / "stub_kernels.cpp").write_text(STUB_KERNELS)
-    src = _scratch(tmp_path, (
+        pytest.skip("the CUDA toolkit (cuda_runtime.h, libcudart_static) is not installed")
+    root = tmp_path_factory.mktemp("plugin_build")
+    (root / "stub_kernels.cpp").write_text(STUB_KERNELS)
+    src = _scratch(root, (
         "find_package(CUDAToolkit REQUIRED)\n"
-        f"add_library(gdn_kernels_static STATIC {(tmp_path / 'stub_kernels.cpp').as_posix()})\n"
+        f"add_library(gdn_kernels_static STATIC {(root / 'stub_kernels.cpp').as_posix()})\n"
         "set_target_properties(gdn_kernels_static PROPERTIES POSITION_INDEPENDENT_CODE ON)\n"
         f"target_include_directories(gdn_kernels_static PUBLIC {(PLUGINS / 'kernels').as_posix()})\n"
-        "target_link_libraries(gdn_kernels_static PUBLIC CUDA::cudart)\n"))
-    b = tmp_path / "b"
+        "target_link_libraries(gdn_kernels_static PUBLIC CUDA::cudart_static)\n"))
+    b = root / "b"
     r = _run(["cmake", "-S", src, "-B", b, f"-DTensorRT_ROOT={inc.parent}"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "gdn: TensorRT headers:" in r.stdout
     r = _run(["cmake", "--build", b, "-j2"])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    r = _run([b / "plugins_cpp" / "gdn_plugin_selftest"], timeout=60)
-    assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout + r.stderr
-    lib = b / "plugins_cpp" / "libgdn_trt_plugins.so"
-    assert lib.is_file()
-    if shutil.which("nm"):
-        exported = _run(["nm", "-D", "--defined-only", lib]).stdout
-        assert " T getCreators" in exported and " T setLoggerFinder" in exported
-        assert "launchGdnPrefill" not in exported   # the static kernels stay private
-        undefined = _run(["nm", "-D", "--undefined-only", "-C", lib]).stdout
-        assert "nvinfer1::" not in undefined and "createInferBuilder" not in undefined
+    return b / "plugins_cpp"
 
 
-def test_built_selftest():
-    """The selftest of a full build (real kernels): `cmake -S . -B build -DTensorRT_ROOT=... && cmake --build build`."""
-    build = Path(os.environ.get("GDN_BUILD_DIR", REPO / "build"))
-    exe = build / "plugins_cpp" / "gdn_plugin_selftest"
-    if not exe.is_file():
-        pytest.skip(f"no full native build with the TensorRT plugins at {build} (set GDN_BUILD_DIR)")
-    r = _run([exe], timeout=60)
+def _full_build() -> Path | None:
+    d = Path(os.environ.get("GDN_BUILD_DIR", REPO / "build")) / "plugins_cpp"
+    return d if (d / "libgdn_trt_plugins.so").is_file() else None
+
+
+def _check_libraries(folder: Path) -> None:
+    main, autoreg = folder / "libgdn_trt_plugins.so", folder / "libgdn_trt_plugins_autoreg.so"
+    for lib in (main, autoreg):
+        assert lib.is_file(), lib
+        dyn = _run(["readelf", "-d", lib]).stdout
+        needed = [ln.split("[", 1)[1].rstrip("]") for ln in dyn.splitlines() if "(NEEDED)" in ln]
+        assert not [n for n in needed if n.startswith("libcudart")], f"{lib.name} needs {needed}: cudart must be static"
+        assert not [n for n in needed if n.startswith("libnvinfer")], f"{lib.name} needs {needed}"
+        paths = [ln.split("[", 1)[1].rstrip("]") for ln in dyn.splitlines() if "(RUNPATH)" in ln or "(RPATH)" in ln]
+        assert all(p == "$ORIGIN" for p in paths), f"{lib.name} has RUNPATH {paths} (only $ORIGIN allowed)"
+        assert "NODELETE" in dyn, f"{lib.name} is not linked with -z nodelete"
+    assert [n for n in _run(["readelf", "-d", autoreg]).stdout.splitlines() if "libgdn_trt_plugins.so" in n]
+    exported = _run(["nm", "-D", "--defined-only", main]).stdout
+    for sym in ("getCreators", "setLoggerFinder", "gdnPluginTensorRtVersion"):
+        assert f" T {sym}" in exported
+    assert "launchGdnPrefill" not in exported   # the static kernels stay private
+    assert " T gdnRegisterPlugins" in _run(["nm", "-D", "--defined-only", autoreg]).stdout
+    undefined = _run(["nm", "-D", "--undefined-only", "-C", main]).stdout
+    assert "nvinfer1::" not in undefined and "createInferBuilder" not in undefined and "cuda" not in undefined
+
+
+needs_binutils = pytest.mark.skipif(shutil.which("readelf") is None or shutil.which("nm") is None,
+                                    reason="readelf/nm (binutils) are not installed")
+
+
+@needs_binutils
+def test_libraries(stub_build):
+    _check_libraries(stub_build)
+
+
+def test_selftest(stub_build):
+    r = _run([stub_build / "gdn_plugin_selftest"], timeout=60)
     assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("scenario", LOADING_SCENARIOS)
+def test_loading(stub_build, scenario):
+    env = dict(os.environ)
+    if scenario == "version-mismatch":
+        text = (trt_include() / "NvInferVersion.h").read_text()
+        major = int(re.search(r"#define (?:TRT_MAJOR_ENTERPRISE|NV_TENSORRT_MAJOR)\s+(\d+)", text).group(1))
+        env["GDN_FAKE_TENSORRT_VERSION"] = str((major + 1) * 10000 + 800)   # another major version
+    r = _run([stub_build / "gdn_plugin_loading_test", scenario, stub_build / "fake_tensorrt" / "libnvinfer.so.fake",
+              stub_build / "libgdn_trt_plugins.so", stub_build / "libgdn_trt_plugins_autoreg.so"], env=env, timeout=60)
+    assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout + r.stderr
+    if scenario in ("loadlibrary-twice", "static-then-loadlibrary"):
+        # the second loadLibrary is refused by the registry (TensorRT's documented rule), nothing registered twice
+        assert "exists already" in r.stderr
+    if scenario == "no-tensorrt":
+        assert ("libgdn_trt_plugins_autoreg.so: no TensorRT (libnvinfer) is loaded in this process, so the gdn "
+                "plugins were not registered") in r.stderr
+    if scenario == "version-mismatch":
+        assert "headers but this process runs TensorRT" in r.stderr and "rebuild it with TensorRT_ROOT" in r.stderr
+    else:
+        assert "headers but this process runs TensorRT" not in r.stderr
+
+
+def test_lifecycle_host_only(stub_build, tmp_path, gen):
+    dirs = [write_case(tmp_path, c) for c in default_cases(gen)]
+    r = _run([stub_build / "gdn_plugin_lifecycle", "--host-only", *dirs], timeout=120)
+    assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout + r.stderr
+    assert f"{len(dirs)} cases" in r.stdout
+
+
+def test_full_build():
+    """The selftest and the library checks of a full build (real kernels, `cmake -S . -B build -DTensorRT_ROOT=...`)."""
+    folder = _full_build()
+    if folder is None:
+        pytest.skip("no full native build with the TensorRT plugins at build/ (set GDN_BUILD_DIR)")
+    r = _run([folder / "gdn_plugin_selftest"], timeout=60)
+    assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout + r.stderr
+    if shutil.which("readelf") and shutil.which("nm"):
+        _check_libraries(folder)

@@ -1,13 +1,14 @@
 """Real TensorRT engines with the gdn plugins (needs the tensorrt module, a CUDA GPU and the built plugin
-library): gdn-build builds one-node prefill/decode graphs, the engines run on random inputs, and the
-outputs are compared with the float64 reference (relative error within the spec's kernel tolerance)."""
+library): gdn-build builds one-node prefill/decode graphs from their TensorRT-ready files (several
+gdn-build calls in this one process: the plugins are registered once), the engines run on random inputs,
+and the outputs are compared with the float64 reference (relative error within the spec's kernel tolerance)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from conftest import call_decode_ref, call_prefill_ref, make_decode_inputs, make_prefill_inputs, rel_err
-from gdn_deploy.plugins import build_cli, find_plugin_library
+from gdn_deploy.plugins import build_cli, find_plugin_library, load_gdn_plugins, registered_gdn_creators
 from gdn_deploy.spec import SPEC
 
 from .onnx_graphs import decode_profile, gdn_model, prefill_profile, write_export_dir
@@ -98,3 +99,17 @@ def test_prefill_engine(tmp_path, gen, io):
     tol = SPEC.kernel_tolerance(io)
     assert rel_err(got["o"], o_ref) < tol
     assert rel_err(got["final_state"], s_ref) < tol
+
+
+def test_plugins_register_once():
+    """load_gdn_plugins twice is a no-op the second time; TensorRT's own load_library of the same library is then
+    refused (its rule for already registered creators) and the creators stay registered."""
+    lib = find_plugin_library()
+    load_gdn_plugins(trt, lib)
+    assert "already registered" in load_gdn_plugins(trt, lib)
+    try:
+        again = trt.get_plugin_registry().load_library(str(lib))
+    except Exception:  # noqa: BLE001 - a binding may raise instead of returning None
+        again = None
+    assert again is None
+    assert all(registered_gdn_creators(trt).values())
