@@ -17,6 +17,7 @@ import pytest
 
 from gdn_deploy.plugins import (PLUGIN_LIB_ENV, find_plugin_library, plugin_library_candidates,
                                 prepare_onnx_for_tensorrt)
+from gdn_deploy.errors import EXIT_CODES_HELP
 from gdn_deploy.onnx_nodes import tensorrt_ready_problems
 from gdn_deploy.plugins import build_cli, loader
 from gdn_deploy.spec import SPEC
@@ -48,8 +49,9 @@ def test_help(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     for needle in ("gdn-build", "EXPORT_DIR", "--graphs", "--plugin-lib", "--fp16", "--bf16", "--workspace-gb",
-                   "-o", "Exit codes", PLUGIN_LIB_ENV):
+                   "-o", PLUGIN_LIB_ENV, "libgdn_trt_plugins_autoreg.so", "once per process"):
         assert needle in text
+    assert EXIT_CODES_HELP in text      # the one exit-code table of every command
 
 
 def test_missing_tensorrt_exit_6(export_dir, no_tensorrt, capsys):

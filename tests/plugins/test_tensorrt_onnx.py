@@ -9,7 +9,8 @@ import onnx
 import pytest
 import torch
 
-from gdn_deploy.export.model_export import ExportOptions, export_model, target_from_module
+from gdn_deploy.export.model_export import ExportOptions, export_model
+from gdn_deploy.export.targets import target_from_module
 from gdn_deploy.model import GDNConfig, GDNLM
 from gdn_deploy.onnx_nodes import (all_gdn_nodes, prepare_onnx_for_tensorrt, tensorrt_onnx_path,
                                    tensorrt_ready_problems, write_tensorrt_onnx)
