@@ -20,8 +20,9 @@ MODEL may be:
                           layer_<i>/ each (or just layer I with --layer I)
   pickled.pt              a whole pickled GDNLM/GDNBlock, ONLY with --allow-pickle
 
-Output (OUTDIR, default ./gdn_onnx): prefill.onnx, decode.onnx (and decode_pool.onnx), plus
-gdn_model.json (config, I/O names, shapes, dtypes, TensorRT optimisation profiles) that
+Output (OUTDIR, default ./gdn_onnx): prefill.onnx, decode.onnx (and decode_pool.onnx) for
+onnxruntime (the gdn nodes carry function bodies), their TensorRT-ready copies prefill.trt.onnx, ...
+(bodies removed: every gdn node must become the gdn plugin), plus gdn_model.json (config, I/O names, shapes, dtypes, TensorRT optimisation profiles) that
 gdn-build and gdn-check read, and per graph <graph>_inputs.json / <graph>_reference.json: a small
 random feed and the model's float32 PyTorch outputs on it (Polygraphy's formats). The export is
 then checked exactly as `gdn-check OUTDIR` checks it: onnxruntime against that float32
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         onnx_files = " ".join(g["file"] for g in res.metadata["graphs"].values())
         verdict = ("check PASS (onnxruntime vs float32 PyTorch, the same check as gdn-check)" if opts.verify
                    else "check not run (--no-verify; gdn-check runs it)")
-        print(f"gdn-export: {res.outdir}: {onnx_files} gdn_model.json + reference files; {verdict}")
+        print(f"gdn-export: {res.outdir}: {onnx_files} (+ *.trt.onnx for TensorRT) gdn_model.json + reference "
+              f"files; {verdict}")
     print(f"gdn-export: done in {time.perf_counter() - t0:.1f} s")
     return ExitCode.OK
 

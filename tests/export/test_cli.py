@@ -121,7 +121,7 @@ def test_export_verify_summary_and_sidecar(ckpt, tmp_path, capsys):
     code, out, err = _run(capsys, str(ckpt), "-o", str(out_dir), "--graphs", "decode", "--max-seqs", "16")
     assert code == 0, err
     for text in ("loading", "exporting graph decode", "checking the files", "writing",
-                 "decode.onnx gdn_model.json + reference files; check PASS"):
+                 "decode.onnx (+ *.trt.onnx for TensorRT) gdn_model.json + reference files; check PASS"):
         assert text in out, (text, out)
     meta = json.loads((out_dir / "gdn_model.json").read_text())
     assert meta["profiles"]["decode"]["input_ids"]["max"] == [16]
