@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # One full GPU check for a device call: build the kernels for all archs, run the GPU tests, run the
-# kernel benchmark. Each step logs to $OUT (or out/device/); a failing step is recorded and the
-# next one still runs. Exit status: 0 only when every step that ran passed.
+# sanitizers over small cases, run the kernel benchmark. Each step logs to $OUT (or out/device/); a failing
+# step is recorded and the next one still runs. Exit status: 0 only when every step that ran passed.
 #
-#   scripts/device_gpu_check.sh [--quick] [--skip-build] [--skip-tests] [--skip-bench]
+#   scripts/device_gpu_check.sh [--quick] [--skip-build] [--skip-tests] [--skip-sanitizer] [--skip-bench]
 # Env: GDN_CUDA_ARCHS (default "80;89;90a"), GDN_PYTEST_ARGS (extra pytest args, e.g. "-k decode"),
-#      GDN_BENCH_ARGS (extra benchmark args), GDN_T_BUILD/GDN_T_TESTS/GDN_T_BENCH (step time limits, s).
+#      GDN_BENCH_ARGS (extra benchmark args), GDN_T_BUILD/GDN_T_TESTS/GDN_T_SAN/GDN_T_BENCH (step time limits, s).
 # FLA for the benchmark: wheels in .whl/ (carried) are installed to /tmp/site first.
-# Files written to $OUT (<= 8): summary.txt build.log tests.log bench.log bench_kernels.csv bench_kernels.json
+# The sanitizer step (compute-sanitizer, when present): memcheck, racecheck, synccheck and initcheck over
+# tests/kernels/sanitizer_cases.py, memcheck over tests/kernels/test_garbage_indices.py, then the reproductions
+# of tests/kernels/sanitizer/sync_patterns.cu, each with its verdict in summary.txt (docs/kernels.md, Sanitizers).
+# Files written to $OUT (<= 8): summary.txt build.log tests.log sanitizer.log bench.log bench_kernels.csv
+# bench_kernels.json
 set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/out/device}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-quick=0 build=1 tests=1 bench=1
+quick=0 build=1 tests=1 san=1 bench=1
 for a in "$@"; do
   case "$a" in
     --quick) quick=1 ;;
     --skip-build) build=0 ;;
     --skip-tests) tests=0 ;;
+    --skip-sanitizer) san=0 ;;
     --skip-bench) bench=0 ;;
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac
@@ -75,6 +80,72 @@ if [[ $tests -eq 1 ]]; then
   # shellcheck disable=SC2086
   step tests "${GDN_T_TESTS:-200}" python3 -m pytest tests/kernels -q -rs -p no:cacheprovider --durations=5 ${GDN_PYTEST_ARGS:-}
   grep -E "passed|failed|error|skipped" "$out/tests.log" | tail -1 | sed 's/^/  tests: /' | tee -a "$summary"
+fi
+
+# sanitize LABEL TOOL EXPECT CMD...: one compute-sanitizer run appended to sanitizer.log, its verdict in the
+# summary. EXPECT "clean": any error or hazard fails the step; "flags": a reproduction of a tool false positive
+# (the tool is expected to report the correct pattern; recorded, never a failure); "mbarrier": racecheck of the
+# wgmma scan, whose only acceptable reports are the mbarrier hand-off racecheck does not model
+# (tests/kernels/sanitizer/racecheck_verdict.py decides).
+sanitize() {
+  local label=$1 tool=$2 expect=$3
+  shift 3
+  local log=$out/san_run.log t0=$SECONDS
+  echo "=== [sanitizer] $label: compute-sanitizer --tool $tool $*" >> "$out/sanitizer.log"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout --signal=TERM --kill-after=10 "${GDN_T_SAN:-300}" \
+    "$csan" --tool "$tool" --print-limit "${GDN_SAN_PRINT_LIMIT:-30}" --error-exitcode 99 "$@" > "$log" 2>&1
+  local rc=$?
+  cat "$log" >> "$out/sanitizer.log"
+  local n
+  n=$(grep -Eo "(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+ [a-z]+( displayed)?( \([^)]*\))?" "$log" | tail -1)
+  local verdict
+  if [[ $rc -eq 0 ]]; then verdict="clean"
+  elif [[ $rc -eq 99 ]]; then verdict="reports errors"
+  elif [[ $rc -eq 124 ]]; then verdict="TIMED OUT"
+  else verdict="program failed (rc=$rc)"; fi
+  if [[ $expect == mbarrier && ( $rc -eq 0 || $rc -eq 99 ) ]]; then
+    verdict=$(python3 tests/kernels/sanitizer/racecheck_verdict.py "$log" 2>&1 | tee -a "$out/sanitizer.log" | head -1)
+    python3 tests/kernels/sanitizer/racecheck_verdict.py "$log" > /dev/null 2>&1 || status=1
+  elif [[ $expect != flags && $rc -ne 0 ]]; then status=1; fi
+  local note_=""
+  [[ $expect == flags ]] && note_=" [tool false-positive reproduction: expected to report]"
+  note "  [sanitizer] $label ($tool): $verdict; ${n:-no summary line} ($((SECONDS - t0)) s)$note_"
+  rm -f "$log"
+}
+
+if [[ $san -eq 1 ]]; then
+  csan=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [[ -z "$csan" ]]; then
+    note "[sanitizer] compute-sanitizer absent: sanitizer step not run"
+  else
+    : > "$out/sanitizer.log"
+    note "[sanitizer] $("$csan" --version | tail -1)"
+    repro=/tmp/gdn_sync_patterns
+    if nvcc -std=c++17 -O2 -lineinfo -gencode=arch=compute_90a,code=sm_90a tests/kernels/sanitizer/sync_patterns.cu \
+        -o "$repro" >> "$out/sanitizer.log" 2>&1; then
+      for m in cpasync_syncthreads named_arrive prep_pairs_sync; do
+        sanitize "repro $m" racecheck clean --racecheck-report analysis "$repro" "$m"
+      done
+      for m in prep_pairs mbar_st mbar_cpasync; do
+        sanitize "repro $m" racecheck flags --racecheck-report analysis "$repro" "$m"
+      done
+      sanitize "repro generic_store" initcheck clean "$repro" generic_store
+      sanitize "repro bulk_store" initcheck flags "$repro" bulk_store
+      sanitize "repro tma_store" initcheck flags "$repro" tma_store
+    else
+      note "  [sanitizer] sync_patterns.cu did not build (sanitizer.log)"; status=1
+    fi
+    cases=(python3 tests/kernels/sanitizer_cases.py)
+    sanitize "cases (every kernel but the wgmma scan)" racecheck clean --racecheck-report analysis \
+      --kernel-name-exclude kns=gdnPrefillScanWgKernel "${cases[@]}"
+    sanitize "cases (the wgmma scan)" racecheck mbarrier --racecheck-report analysis \
+      --kernel-name kns=gdnPrefillScanWgKernel "${cases[@]}"
+    sanitize "cases" initcheck clean "${cases[@]}" --poison-bulk-stores
+    sanitize "cases, o of the bulk tensor stores not poisoned" initcheck flags "${cases[@]}" --only ragged-gva-raw
+    sanitize "cases" memcheck clean "${cases[@]}"
+    sanitize "cases" synccheck clean "${cases[@]}"
+    sanitize "garbage indices" memcheck clean python3 -m pytest tests/kernels/test_garbage_indices.py -q -p no:cacheprovider
+  fi
 fi
 
 if [[ $bench -eq 1 ]]; then

@@ -151,11 +151,11 @@ def _decode_common(q, k, v, g, beta, state, slots, A_log, dt_bias, attrs, state_
     p = launch.decode_params(q, k, v, g, beta, state, state_out, o, slots, A_log, dt_bias,
                              gate_mode=attrs["gate_mode"], use_qk_l2norm=attrs["use_qk_l2norm"],
                              scale=attrs["scale"], l2norm_eps=attrs["l2norm_eps"], state_mode=attrs["state_mode"])
-    why = launch.decode_supports(LIB, p)
-    if why:
-        return None, why
-    with torch.cuda.device(dev):
-        launch.launch_decode(LIB, p, dev)
+    try:
+        with torch.cuda.device(dev):
+            launch.launch_decode(LIB, p, dev)  # (the library checks the params once)
+    except launch.KernelUnsupported:
+        return None, launch.decode_supports(LIB, p)
     return o, ""
 
 
@@ -210,16 +210,16 @@ def _prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, A_log=None, dt_bi
     final = torch.empty_like(initial_state)
     p = launch.prefill_params(q, k, v, g, beta, cu_seqlens, initial_state, o, final, A_log, dt_bias,
                               **{a: attrs[a] for a in _ATTRS4})
-    why = launch.prefill_supports(LIB, p)
-    if why:
-        _fallback("prefill", why)
+    nbytes = launch.prefill_workspace_bytes(LIB, p)
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None
+    try:
+        with torch.cuda.device(dev):
+            launch.launch_prefill(LIB, p, ws, dev)  # (the library checks the params once)
+    except launch.KernelUnsupported:
+        _fallback("prefill", launch.prefill_supports(LIB, p))
         o, s = reference.prefill_ref(q, k, v, g, beta, cu_seqlens, initial_state, A_log, dt_bias, form="chunked",
                                      check_values=False, **{a: attrs[a] for a in _ATTRS4})
         return o.contiguous(), s.contiguous()
-    nbytes = launch.prefill_workspace_bytes(LIB, p)
-    ws = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None
-    with torch.cuda.device(dev):
-        launch.launch_prefill(LIB, p, ws, dev)
     return o, final
 
 

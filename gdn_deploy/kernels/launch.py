@@ -2,7 +2,9 @@
 
 Each launcher fills a ctypes params struct from tensors the caller has already validated and
 made contiguous, enqueues on torch's current stream and raises ``RuntimeError`` naming the CUDA
-error on failure. No allocation and no host sync: usable under CUDA-graph capture.
+error on failure, or :class:`KernelUnsupported` (with the library's reason) when the kernels do not
+support the params: the library checks them once per launch, so callers need not ask first.
+No allocation and no host sync: usable under CUDA-graph capture.
 """
 from __future__ import annotations
 
@@ -12,10 +14,17 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .library import DTYPE_CODES, GdnDecodeParams, GdnPrefillParams, error_text
+from .library import DTYPE_CODES, GdnDecodeParams, GdnPrefillParams, error_text, prefill_scan_code
 
 _CODES = {torch.float32: DTYPE_CODES["float32"], torch.float16: DTYPE_CODES["float16"],
           torch.bfloat16: DTYPE_CODES["bfloat16"]}
+
+
+_UNSUPPORTED, _NOT_BUILT = -1, -2  # launch return codes of gdnKernelsCApi.cpp
+
+
+class KernelUnsupported(ValueError):
+    """The kernels do not support these params (the message holds the library's reason)."""
 
 
 def _ptr(t: Optional[Tensor]) -> Optional[int]:
@@ -54,13 +63,13 @@ def decode_supports(lib: ctypes.CDLL, p: GdnDecodeParams) -> str:
 
 
 def launch_decode(lib: ctypes.CDLL, p: GdnDecodeParams, device: torch.device, bv: int = 0) -> None:
-    """Enqueue the decode kernel; ``bv`` forces a V-tile (16/32/64), 0 lets the library choose."""
+    """Enqueue the decode kernel; ``bv`` forces a V-tile (8/16/32/64), 0 lets the library choose."""
     if bv:
         rc = lib.gdnDecodeLaunchTiledC(ctypes.byref(p), ctypes.c_void_p(_stream(device)), int(bv))
     else:
         rc = lib.gdnDecodeLaunchC(ctypes.byref(p), ctypes.c_void_p(_stream(device)))
     if rc < 0:
-        raise ValueError(f"gdn decode kernel: unsupported parameters: {decode_supports(lib, p)}")
+        raise KernelUnsupported(f"gdn decode kernel: unsupported parameters: {decode_supports(lib, p)}")
     if rc != 0:
         raise RuntimeError(f"gdn decode kernel launch failed: {error_text(lib, rc)}")
 
@@ -88,14 +97,27 @@ def prefill_workspace_bytes(lib: ctypes.CDLL, p: GdnPrefillParams) -> int:
     return int(lib.gdnPrefillWorkspaceSizeC(ctypes.byref(p)))
 
 
-def launch_prefill(lib: ctypes.CDLL, p: GdnPrefillParams, workspace: Optional[Tensor], device: torch.device) -> None:
-    """Enqueue the prefill kernel with a caller-allocated workspace (``prefill_workspace_bytes``)."""
+def prefill_scan_runs(lib: ctypes.CDLL, scan: str, K: int) -> bool:
+    """Whether prefill scan ``scan`` (a name of :func:`library.prefill_scan_names`) runs here for head dim K."""
+    return bool(lib.gdnPrefillScanRunsC(prefill_scan_code(lib, scan), int(K)))
+
+
+def launch_prefill(lib: ctypes.CDLL, p: GdnPrefillParams, workspace: Optional[Tensor], device: torch.device,
+                   scan: str = "auto", tma: bool = True) -> None:
+    """Enqueue the prefill kernel with a caller-allocated workspace (``prefill_workspace_bytes``).
+
+    ``scan`` forces a scan variant by name and ``tma=False`` the wgmma scans' cp.async loads (tests and
+    benchmarks, gdnPrefillConfig.h); the defaults are what the product runs."""
     p.workspace = _ptr(workspace)
     p.workspaceBytes = 0 if workspace is None else workspace.numel() * workspace.element_size()
-    rc = lib.gdnPrefillLaunchC(ctypes.byref(p), ctypes.c_void_p(_stream(device)))
-    if rc == -2:
+    stream = ctypes.c_void_p(_stream(device))
+    if scan == "auto" and tma:
+        rc = lib.gdnPrefillLaunchC(ctypes.byref(p), stream)
+    else:
+        rc = lib.gdnPrefillLaunchTunedC(ctypes.byref(p), stream, prefill_scan_code(lib, scan), int(bool(tma)))
+    if rc == _NOT_BUILT:
         raise RuntimeError(f"gdn prefill kernel: {prefill_supports(lib, p)}")
-    if rc < 0:
-        raise ValueError(f"gdn prefill kernel: unsupported parameters: {prefill_supports(lib, p)}")
+    if rc == _UNSUPPORTED:
+        raise KernelUnsupported(f"gdn prefill kernel: unsupported parameters: {prefill_supports(lib, p)}")
     if rc != 0:
         raise RuntimeError(f"gdn prefill kernel launch failed: {error_text(lib, rc)}")

@@ -1,7 +1,11 @@
-"""Locate and ctypes-load ``libgdn_kernels.so``; ctypes mirrors of the kernel params structs.
+"""Locate and ctypes-load ``libgdn_kernels.so``; ctypes mirrors of the kernel params structs; the one
+place where the C entry points' ctypes signatures are declared.
 
 The structs mirror ``plugins_cpp/kernels/gdnKernels.h`` field for field; :func:`load_library`
 checks them against the compiler's layout (``gdnParamsLayoutC``) and refuses a mismatch.
+The prefill scan variants are named by the library itself (``gdnPrefillScanNameC``):
+:func:`prefill_scan_names` / :func:`prefill_scan_code` turn the names tests and benchmarks pass
+into the codes of ``gdnPrefillConfig.h``.
 No torch and no CUDA device are needed here.
 """
 from __future__ import annotations
@@ -70,20 +74,29 @@ def _struct_layout(cls: type[ctypes.Structure]) -> list[int]:
     return [ctypes.sizeof(cls)] + [getattr(cls, name).offset for name, _ in cls._fields_]
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    pp, pd = ctypes.POINTER(GdnPrefillParams), ctypes.POINTER(GdnDecodeParams)
-    sigs = {
-        "gdnDecodeLaunchC": (ctypes.c_int, [pd, ctypes.c_void_p]),
-        "gdnDecodeLaunchTiledC": (ctypes.c_int, [pd, ctypes.c_void_p, ctypes.c_int]),
-        "gdnDecodeSupportsC": (ctypes.c_char_p, [pd]),
-        "gdnPrefillLaunchC": (ctypes.c_int, [pp, ctypes.c_void_p]),
-        "gdnPrefillSupportsC": (ctypes.c_char_p, [pp]),
-        "gdnPrefillWorkspaceSizeC": (ctypes.c_size_t, [pp]),
-        "gdnKernelsHasPrefillC": (ctypes.c_int, []),
-        "gdnCudaErrorNameC": (ctypes.c_char_p, [ctypes.c_int]),
-        "gdnCudaErrorStringC": (ctypes.c_char_p, [ctypes.c_int]),
-        "gdnParamsLayoutC": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]),
-    }
+_PP, _PD = ctypes.POINTER(GdnPrefillParams), ctypes.POINTER(GdnDecodeParams)
+# The product's entry points (gdnKernels.h and its extern "C" wrappers), stable across builds.
+CORE_SIGNATURES = {
+    "gdnDecodeLaunchC": (ctypes.c_int, [_PD, ctypes.c_void_p]),
+    "gdnDecodeSupportsC": (ctypes.c_char_p, [_PD]),
+    "gdnPrefillLaunchC": (ctypes.c_int, [_PP, ctypes.c_void_p]),
+    "gdnPrefillSupportsC": (ctypes.c_char_p, [_PP]),
+    "gdnPrefillWorkspaceSizeC": (ctypes.c_size_t, [_PP]),
+    "gdnKernelsHasPrefillC": (ctypes.c_int, []),
+    "gdnCudaErrorNameC": (ctypes.c_char_p, [ctypes.c_int]),
+    "gdnCudaErrorStringC": (ctypes.c_char_p, [ctypes.c_int]),
+    "gdnParamsLayoutC": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]),
+}
+# Forced configurations for tests and benchmarks (gdnKernelsCApi.cpp): decode V-tile, prefill scan by code.
+TUNING_SIGNATURES = {
+    "gdnDecodeLaunchTiledC": (ctypes.c_int, [_PD, ctypes.c_void_p, ctypes.c_int]),
+    "gdnPrefillLaunchTunedC": (ctypes.c_int, [_PP, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]),
+    "gdnPrefillScanNameC": (ctypes.c_char_p, [ctypes.c_int]),
+    "gdnPrefillScanRunsC": (ctypes.c_int, [ctypes.c_int, ctypes.c_int]),
+}
+
+
+def _declare(lib: ctypes.CDLL, sigs: dict) -> None:
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)  # AttributeError -> caller turns it into ImportError
         fn.restype, fn.argtypes = res, args
@@ -101,8 +114,11 @@ def check_layout(lib: ctypes.CDLL) -> None:
                               f"library's {got}; rebuild the library or update gdn_deploy/kernels/library.py")
 
 
-def load_library(path: Optional[Path] = None) -> ctypes.CDLL:
-    """Load, declare and layout-check the kernel library; ImportError with a reason otherwise."""
+def load_library(path: Optional[Path] = None, *, core_only: bool = False) -> ctypes.CDLL:
+    """Load, declare and layout-check the kernel library; ImportError with a reason otherwise.
+
+    ``core_only`` declares the product's entry points alone (an older build for a same-process A/B, whose
+    tuning entry points may differ); otherwise the tuning entry points must be there too."""
     path = path or find_library()
     if path is None:
         tried = ", ".join(str(p) for p in candidate_paths())
@@ -110,11 +126,27 @@ def load_library(path: Optional[Path] = None) -> ctypes.CDLL:
                           f"scripts/build_kernels.sh or set {ENV_VAR}")
     try:
         lib = ctypes.CDLL(str(path))
-        _declare(lib)
+        _declare(lib, CORE_SIGNATURES if core_only else {**CORE_SIGNATURES, **TUNING_SIGNATURES})
     except (OSError, AttributeError) as e:
         raise ImportError(f"gdn_deploy.kernels: cannot load {path}: {e}") from e
     check_layout(lib)
     return lib
+
+
+def prefill_scan_names(lib: ctypes.CDLL) -> tuple[str, ...]:
+    """The prefill scan variants the library names, in code order ("auto" first)."""
+    names = []
+    while (name := lib.gdnPrefillScanNameC(len(names))) is not None:
+        names.append(name.decode())
+    return tuple(names)
+
+
+def prefill_scan_code(lib: ctypes.CDLL, name: str) -> int:
+    """The code of prefill scan ``name``; ValueError naming the known ones otherwise."""
+    names = prefill_scan_names(lib)
+    if name not in names:
+        raise ValueError(f"prefill scan {name!r}: unknown, expected one of {', '.join(names)}")
+    return names.index(name)
 
 
 def error_text(lib: ctypes.CDLL, code: int) -> str:

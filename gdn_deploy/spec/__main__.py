@@ -1,8 +1,9 @@
 """``python -m gdn_deploy.spec --emit-cpp [PATH]``: write the C++ view of the op contract.
 
 The TensorRT plugin creators include the generated header for their plugin names,
-namespace, version, field names, defaults and input order, so the C++ side cannot
-drift from ``gdn_ops.json`` (tests/test_spec.py checks the checked-in copy).
+namespace, version, field names, defaults and input order, and the CUDA kernels for the
+chunk size and the supported head dims, so the C++ side cannot drift from ``gdn_ops.json``
+(tests/test_spec.py checks the checked-in copy).
 """
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ def emit_cpp() -> str:
         f'constexpr char const* kPluginNamespace = "{SPEC.plugin_namespace}";',
         f'constexpr char const* kPluginVersion = "{SPEC.plugin_version}";',
         f"constexpr int32_t kChunkSize = {SPEC.chunk_size};",
+        "// Head dims K and V the CUDA kernels support.",
+        f"constexpr int32_t kKernelHeadDims[] = {{{', '.join(str(d) for d in SPEC.kernel_head_dims)}}};",
+        "constexpr bool isKernelHeadDim(int32_t d)",
+        "{",
+        "    for (int32_t h : kKernelHeadDims)",
+        "        if (h == d)",
+        "            return true;",
+        "    return false;",
+        "}",
         "constexpr int32_t kGatePrecomputed = 0;",
         "constexpr int32_t kGateRaw = 1;",
         "constexpr int32_t kStateDense = 0;",

@@ -8,6 +8,15 @@ constexpr char const* kDomain = "gdn";
 constexpr char const* kPluginNamespace = "gdn";
 constexpr char const* kPluginVersion = "1";
 constexpr int32_t kChunkSize = 64;
+// Head dims K and V the CUDA kernels support.
+constexpr int32_t kKernelHeadDims[] = {64, 128, 256};
+constexpr bool isKernelHeadDim(int32_t d)
+{
+    for (int32_t h : kKernelHeadDims)
+        if (h == d)
+            return true;
+    return false;
+}
 constexpr int32_t kGatePrecomputed = 0;
 constexpr int32_t kGateRaw = 1;
 constexpr int32_t kStateDense = 0;

@@ -14,6 +14,7 @@
 // (in-thread over R rows, across the K-groups of a warp with shuffles, across warps in shared memory).
 #include "gdnCommon.cuh"
 #include "gdnKernels.h"
+#include "gdnOpSpec.h"
 
 #include <cstdint>
 
@@ -27,8 +28,8 @@ using namespace detail;
 constexpr int kMaxThreads = 256;
 
 // Small tiles (BV <= 16: the automatic pick for small batches, e.g. B = 1) load and store the state,
-// touched once, with the streaming (evict-first) cache hint; measured on H100/H200 it shortens the
-// single-wave B = 1 launch by ~10% (docs/kernels.md) while larger tiles at large batches lose a little.
+// touched once, with the streaming (evict-first) cache hint: it shortens the single-wave B = 1 launch, while
+// larger tiles at large batches lose a little (docs/performance.md, Decode streaming hint).
 template <bool Stream>
 __device__ __forceinline__ void loadState4(float const* p, int64_t i, float (&out)[4])
 {
@@ -110,8 +111,10 @@ __global__ void __launch_bounds__(DecodeTile<K, BV>::NT) gdnDecodeKernel(GdnDeco
     int64_t row = b;
     if (p.stateMode == 1)
     {
+        // slot -1 skips the sequence. Slots are not trusted (TensorRT times the plugin with inputs it fills
+        // itself; the torch binding validates them on the host): any slot outside [0, P) skips it too.
         int const slot = p.slots[b];
-        if (slot < 0)  // skipped sequence: o = 0, pool untouched (uniform across the CTA)
+        if (slot < 0 || slot >= p.P)  // skipped sequence: o = 0, pool untouched (uniform across the CTA)
         {
             if (kg == 0)
             {
@@ -234,11 +237,6 @@ bool aligned(void const* ptr, uintptr_t n)
     return (reinterpret_cast<uintptr_t>(ptr) % n) == 0;
 }
 
-bool isHeadDim(int d)
-{
-    return d == 64 || d == 128 || d == 256;
-}
-
 } // namespace
 
 char const* gdnDecodeSupports(GdnDecodeParams const& p)
@@ -247,7 +245,7 @@ char const* gdnDecodeSupports(GdnDecodeParams const& p)
         return "decode: B, P must be >= 0 and Hk, Hv > 0";
     if (p.Hv % p.Hk != 0)
         return "decode: Hv must be a multiple of Hk (grouped value attention)";
-    if (!isHeadDim(p.K) || !isHeadDim(p.V))
+    if (!spec::isKernelHeadDim(p.K) || !spec::isKernelHeadDim(p.V))
         return "decode: the CUDA kernel supports head dims K, V in {64, 128, 256} only";
     if (!detail::isValidDType(p.ioType) || !detail::isValidDType(p.gateType))
         return "decode: ioType and gateType must be float32, float16 or bfloat16";
@@ -279,19 +277,18 @@ char const* gdnDecodeSupports(GdnDecodeParams const& p)
     return "";
 }
 
-// Launch with an explicit V-tile (8, 16, 32 or 64 columns); bv <= 0 picks one (see launchGdnDecode).
-cudaError_t launchGdnDecodeTiled(GdnDecodeParams const& p, cudaStream_t stream, int bv)
+// Launch of params gdnDecodeSupports has accepted, with an explicit V-tile (8, 16, 32 or 64 columns); bv <= 0
+// picks one. The C API calls it after its own check (one check per launch).
+cudaError_t launchGdnDecodeSupported(GdnDecodeParams const& p, cudaStream_t stream, int bv)
 {
-    if (gdnDecodeSupports(p)[0] != '\0')
-        return cudaErrorInvalidValue;
     if (p.B == 0)
         return cudaSuccess;
     if (bv <= 0)
     {
-        // Measured on H100 (benchmarks/bench_kernels.py, bf16 I/O): with many CTAs the best tile keeps
-        // 8 float4 state rows per thread in flight (K=128: BV=64, 80 registers; K=256: BV=32); K=64 and
-        // mid-size batches take BV=32 (128-byte row segments); when even BV=32 gives < 2 CTAs per SM
-        // (B=1) BV=16 spreads the work over the whole chip (Qwen3-Next B=1: 256 CTAs instead of 128).
+        // With many CTAs the best tile keeps 8 float4 state rows per thread in flight (K=128: BV=64, 80
+        // registers; K=256: BV=32); K=64 and mid-size batches take BV=32 (128-byte row segments); when even
+        // BV=32 gives < 2 CTAs per SM (B=1) BV=16 spreads the work over the whole chip (docs/performance.md,
+        // Decode V-tile).
         int64_t const heads = static_cast<int64_t>(p.B) * p.Hv;
         int const sms = smCount();
         if (p.K == 128 && heads * (p.V / 64) >= 4LL * sms)
@@ -315,7 +312,9 @@ cudaError_t launchGdnDecodeTiled(GdnDecodeParams const& p, cudaStream_t stream, 
 
 cudaError_t launchGdnDecode(GdnDecodeParams const& p, cudaStream_t stream)
 {
-    return launchGdnDecodeTiled(p, stream, 0);
+    if (gdnDecodeSupports(p)[0] != '\0')
+        return cudaErrorInvalidValue;
+    return launchGdnDecodeSupported(p, stream, 0);
 }
 
 } // namespace gdn

@@ -1,7 +1,11 @@
 // extern "C" wrappers of gdnKernels.h for ctypes callers (gdn_deploy/kernels), plus a few helpers
-// the binding uses: CUDA error names, whether the prefill kernel was built, and the byte layout of
-// the params structs (so the Python ctypes mirrors can be checked against the compiler's layout).
+// the binding uses: CUDA error names, whether the prefill kernel was built, the byte layout of
+// the params structs (so the Python ctypes mirrors can be checked against the compiler's layout), and the
+// forced configurations tests and benchmarks launch (decode V-tile; prefill scan by name, gdnPrefillConfig.h).
+// Every launch checks its params once (gdn*Supports), then launches without checking again.
+// The Python side declares these signatures in one place: gdn_deploy/kernels/library.py.
 #include "gdnKernels.h"
+#include "gdnPrefillConfig.h"
 
 #include <cstddef>
 #include <cuda_runtime.h>
@@ -12,8 +16,8 @@
 
 namespace gdn
 {
-// gdnDecode.cu: launch with an explicit V-tile (8/16/32/64; <= 0 picks one). For benchmarks/tests.
-cudaError_t launchGdnDecodeTiled(GdnDecodeParams const& p, cudaStream_t stream, int bv);
+// gdnDecode.cu: launch of checked params with an explicit V-tile (8/16/32/64; <= 0 picks one).
+cudaError_t launchGdnDecodeSupported(GdnDecodeParams const& p, cudaStream_t stream, int bv);
 } // namespace gdn
 
 namespace
@@ -30,7 +34,7 @@ extern "C"
     {
         if (p == nullptr || gdn::gdnDecodeSupports(*p)[0] != '\0')
             return kUnsupported;
-        return static_cast<int>(gdn::launchGdnDecode(*p, static_cast<cudaStream_t>(stream)));
+        return static_cast<int>(gdn::launchGdnDecodeSupported(*p, static_cast<cudaStream_t>(stream), 0));
     }
 
     char const* gdnDecodeSupportsC(gdn::GdnDecodeParams const* p)
@@ -42,7 +46,7 @@ extern "C"
     {
         if (p == nullptr || gdn::gdnDecodeSupports(*p)[0] != '\0')
             return kUnsupported;
-        return static_cast<int>(gdn::launchGdnDecodeTiled(*p, static_cast<cudaStream_t>(stream), bv));
+        return static_cast<int>(gdn::launchGdnDecodeSupported(*p, static_cast<cudaStream_t>(stream), bv));
     }
 
     int gdnKernelsHasPrefillC()
@@ -50,12 +54,36 @@ extern "C"
         return GDN_HAVE_PREFILL;
     }
 
+    // Name of prefill scan code `scan` (gdn::PrefillScan): "auto", "wgmma", ...; nullptr past the last.
+    char const* gdnPrefillScanNameC(int scan)
+    {
+        return gdn::prefillScanName(scan);
+    }
+
 #if GDN_HAVE_PREFILL
     int gdnPrefillLaunchC(gdn::GdnPrefillParams const* p, void* stream)
     {
         if (p == nullptr || gdn::gdnPrefillSupports(*p)[0] != '\0')
             return kUnsupported;
-        return static_cast<int>(gdn::launchGdnPrefill(*p, static_cast<cudaStream_t>(stream)));
+        return static_cast<int>(gdn::launchGdnPrefillSupported(*p, static_cast<cudaStream_t>(stream), {}));
+    }
+
+    // launchGdnPrefill with scan code `scan` and tma 0/1 (gdnPrefillConfig.h); a scan that cannot run here
+    // returns cudaErrorNotSupported.
+    int gdnPrefillLaunchTunedC(gdn::GdnPrefillParams const* p, void* stream, int scan, int tma)
+    {
+        if (p == nullptr || gdn::gdnPrefillSupports(*p)[0] != '\0')
+            return kUnsupported;
+        if (gdn::prefillScanName(scan) == nullptr)
+            return static_cast<int>(cudaErrorInvalidValue);
+        gdn::PrefillConfig const config{static_cast<gdn::PrefillScan>(scan), tma != 0};
+        return static_cast<int>(gdn::launchGdnPrefillSupported(*p, static_cast<cudaStream_t>(stream), config));
+    }
+
+    // 1 when scan code `scan` runs for head dim K on the current device with this library.
+    int gdnPrefillScanRunsC(int scan, int K)
+    {
+        return gdn::prefillScanName(scan) != nullptr && gdn::prefillScanRuns(static_cast<gdn::PrefillScan>(scan), K);
     }
 
     size_t gdnPrefillWorkspaceSizeC(gdn::GdnPrefillParams const* p)
@@ -71,6 +99,16 @@ extern "C"
     int gdnPrefillLaunchC(gdn::GdnPrefillParams const*, void*)
     {
         return kNotBuilt;
+    }
+
+    int gdnPrefillLaunchTunedC(gdn::GdnPrefillParams const*, void*, int, int)
+    {
+        return kNotBuilt;
+    }
+
+    int gdnPrefillScanRunsC(int, int)
+    {
+        return 0;
     }
 
     size_t gdnPrefillWorkspaceSizeC(gdn::GdnPrefillParams const*)

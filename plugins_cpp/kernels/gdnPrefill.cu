@@ -1,4 +1,5 @@
-// GatedDeltaPrefill: launchGdnPrefill, gdnPrefillSupports, gdnPrefillWorkspaceSize (gdnKernels.h).
+// GatedDeltaPrefill: launchGdnPrefill, gdnPrefillSupports, gdnPrefillWorkspaceSize (gdnKernels.h), and the
+// configured launch of gdnPrefillConfig.h.
 //
 // 16-bit I/O (bf16, fp16): the chunked WY/UT form on tensor cores (gdnPrefillChunked.cuh): a prep
 // kernel over all (chunk, key head) pairs, then a scan kernel per (sequence, head, V-tile): warpgroup
@@ -6,10 +7,12 @@
 // K <= 128, else warp-level mma.sync.
 // fp32 I/O: an exact fp32 token-by-token kernel (plain FMA; 1e-4 against fp64 rules out bf16/tf32
 // tensor cores), one warp lane group per value column with its K-slice of S in registers.
-// Nothing here reads cu_seqlens on the host, synchronises or allocates: CUDA-graph capturable.
+// Nothing here reads cu_seqlens on the host, synchronises or allocates: CUDA-graph capturable. The kernels
+// clamp cu_seqlens themselves (seqRange in gdnPrefillChunked.cuh).
 #include "gdnCommon.cuh"
 #include "gdnKernels.h"
 #include "gdnPrefillChunked.cuh"
+#include "gdnPrefillConfig.h"
 #include "gdnPrefillPrep.cuh"
 #include "gdnPrefillScanWgmma.cuh"
 
@@ -26,12 +29,13 @@ namespace
 using namespace detail;
 using prefill_chunked::ChunkWs;
 using prefill_chunked::kC;
+namespace cfg = prefill_config;
 
 // ---------------------------------------------------------------------------------------------
 // fp32 I/O: recurrent kernel. 128 threads; LPV = K/64 lanes per value column, each holding 64 rows
 // of S (rows interleaved in float4 groups so the LPV lanes read distinct banks).
 // ---------------------------------------------------------------------------------------------
-constexpr int kRecTT = 16;  // tokens staged in shared memory per step
+constexpr int kRecTT = cfg::kRecTokens;
 
 template <int K>
 struct RecTile
@@ -52,7 +56,8 @@ __global__ void __launch_bounds__(128) gdnPrefillRecurrentKernel(GdnPrefillParam
     int const vloc = warp * VPW + lane / LPV, kp = lane % LPV;
     int const v = blockIdx.z * VB + vloc;
     bool const active = v < V;
-    int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
+    prefill_chunked::SeqRange const seq = prefill_chunked::seqRange(p.cuSeqlens, n, p.T);
+    int const bos = seq.begin, L = seq.end - seq.begin;
     float const scale = effectiveScale(p.scale, K);
     float const* q = static_cast<float const*>(p.q);
     float const* k = static_cast<float const*>(p.k);
@@ -196,36 +201,9 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     return w;
 }
 
-bool isHeadDim(int d)
+bool isWgmmaScan(PrefillScan s)
 {
-    return d == 64 || d == 128 || d == 256;
-}
-
-// Scan variants: 1 = one warpgroup, wgmma (sm_90a), after the prep kernel; 3 = the same scan launched
-// beside a persistent prep kernel (programmatic dependent launch, ready counters per kReadyBlock chunks); 2 / 4 =
-// mma.sync with that many warps per CTA. The wgmma scan loads its tiles by bulk tensor copies where
-// the tensor maps encode; 1 + kNoTma and 3 + kNoTma force its cp.async loads (the fallback, for tests).
-constexpr int kScanWgmma = 1;
-constexpr int kScanWgmmaBeside = 3;
-constexpr int kNoTma = 4;
-// Beside the prep: how far (chunks) the prep may run ahead of the scan. H100, 1x64K (notes v9): 8 -> 1.92 ms
-// (the scan waits on the prep), 16 -> 1.36-1.39, 24 -> 1.36, 40 -> 1.41, unbounded -> 1.43-1.45.
-// With the o tile stored by the copy engine (v11, the scan after the prep 3% faster), one same-process A/B:
-// 16 -> 1.375, 24 -> 1.396, 32 -> 1.440, 48 -> 1.459 ms (16 ahead in each of 5 rounds). Since the scan got faster
-// (v17) an item (~16 us) takes about as long as the scan needs for 16 chunks, so at 16 an item released by the
-// throttle is often late. Notes v18, 1x64K single calls with the v18 prep, same-process A/Bs: 16 1.251 against
-// 20 1.196 ms; in a later call 18 1.252, 20 1.202, 22 1.222. With the v19 prep (3 CTAs per SM): 16 1.160, 20
-// 1.162, 24 1.157-1.214 (bimodal over rounds).
-constexpr int kThrottleChunks = 20;
-// Beside the prep, the wgmma scan's V-tile CTAs of a value head run as clusters of 2 (one TPC; the prep keeps
-// whole TPCs). Same-process A/Bs on the H100 (notes v16), outputs bitwise equal: 1x4K 0.108 -> 0.106 ms,
-// 1x16K 0.336 -> 0.331, 1x64K 1.253 -> 1.237 (9 rounds). (Loading the pair's shared tiles once by TMA multicast was
-// correct but not faster: 1x64K 1.253 against 1.249 without it.)
-constexpr bool kScanPairsOnTpcs = true;
-
-bool isWgmmaVariant(int nw)
-{
-    return nw == kScanWgmma || nw == kScanWgmmaBeside || nw == kScanWgmma + kNoTma || nw == kScanWgmmaBeside + kNoTma;
+    return s == PrefillScan::kWgmma || s == PrefillScan::kWgmmaBeside;
 }
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
@@ -306,26 +284,25 @@ int64_t wgScanCtas(GdnPrefillParams const& p)
     return int64_t(p.N) * p.Hv * (p.V / 64);
 }
 
+// scan: a concrete scan (not kAuto) that runs here for this K (prefillScanRuns)
 template <typename T, int K>
-cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStream_t stream)
+cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, PrefillScan scan, bool tma, cudaStream_t stream)
 {
     int64_t const items = prefill_chunked::chunkIds(p) * p.Hk;
     if (items > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
-    bool const tma = nw == kScanWgmma || nw == kScanWgmmaBeside;
-    if (isWgmmaVariant(nw) && !tma)
-        nw -= kNoTma;
-    bool const beside = nw == kScanWgmmaBeside && K <= 128;  // (K = 256 runs the mma.sync scan after the prep)
-    ws.scanCluster = kScanPairsOnTpcs && beside && (p.V / 64) % 2 == 0 ? 2 : 1;
+    bool const beside = scan == PrefillScan::kWgmmaBeside;
+    ws.scanCluster = cfg::kScanPairsOnTpcs && beside && (p.V / 64) % 2 == 0 ? 2 : 1;
     if (beside)
     {
         GDN_CUDA_TRY(cudaMemsetAsync(ws.ctl, 0, size_t(prefill_chunked::ctlInts(p)) * sizeof(int), stream));
-        // SMs kept for the scan: one per scan CTA, at most half of them (a forced beside launch of a
+        // SMs kept for the scan: one per scan CTA, at most 1/kBesideSmShare of them (a forced beside launch of a
         // larger scan runs in waves on those), in whole clusters
-        ws.scanCtas = int(std::min<int64_t>(wgScanCtas(p), smCount() / 2)) / ws.scanCluster * ws.scanCluster;
+        ws.scanCtas = int(std::min<int64_t>(wgScanCtas(p), smCount() / cfg::kBesideSmShare)) / ws.scanCluster
+            * ws.scanCluster;
         // the prep keeps within kThrottleChunks of the scan (L2 reuse of q, k and the workspace slots), only
         // when every scan CTA has a kept SM (co-resident; the wait is bounded in any case)
-        ws.throttle = wgScanCtas(p) <= ws.scanCtas ? kThrottleChunks : 0;
+        ws.throttle = wgScanCtas(p) <= ws.scanCtas ? cfg::kThrottleChunks : 0;
     }
     else
         ws.ctl = nullptr;
@@ -341,7 +318,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         {
             int perSm = 0;
             GDN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kern, 128, smem));
-            perSm = std::min(perSm, prefill_chunked::kPrepCtasPerSmBeside<K>);
+            perSm = std::min(perSm, cfg::kPrepCtasPerSmBeside<K>);
             grid = std::min<int64_t>(items, int64_t(std::max(perSm, 1)) * smCount());
         }
         kern<<<unsigned(grid), 128, smem, stream>>>(p, ws, int(items));  // chunk-major (chunk, key head) items
@@ -350,7 +327,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
     // one math warp per 16 value columns (the wgmma scan adds a producer warp); beside: launched as the
     // programmatic dependent of the prep kernel (as soon as every prep CTA has started; it waits on the
     // ready counters, not on the grid)
-    auto scan = [&](auto kern, int smem, int vt, int threads, auto const&... extra) -> cudaError_t
+    auto launchScan = [&](auto kern, int smem, int vt, int threads, auto const&... extra) -> cudaError_t
     {
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         cudaLaunchAttribute attr[2];
@@ -360,38 +337,38 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, int nw, cudaStr
         attr[1].val.clusterDim.x = 1;
         attr[1].val.clusterDim.y = 1;
         attr[1].val.clusterDim.z = unsigned(ws.scanCluster);
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(p.N, p.Hv, p.V / vt);
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = size_t(smem);
-        cfg.stream = stream;
-        cfg.attrs = attr;
-        cfg.numAttrs = beside ? (ws.scanCluster > 1 ? 2 : 1) : 0;  // (beside: the wgmma scan, V-tile 64)
-        cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, ws, extra...);
-        if (e != cudaSuccess && cfg.numAttrs == 2)
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3(p.N, p.Hv, p.V / vt);
+        lc.blockDim = dim3(threads);
+        lc.dynamicSmemBytes = size_t(smem);
+        lc.stream = stream;
+        lc.attrs = attr;
+        lc.numAttrs = beside ? (ws.scanCluster > 1 ? 2 : 1) : 0;  // (beside: the wgmma scan, V-tile 64)
+        cudaError_t e = cudaLaunchKernelEx(&lc, kern, p, ws, extra...);
+        if (e != cudaSuccess && lc.numAttrs == 2)
         {
             // clusters refused (e.g. an SM partition without whole TPCs): the same scan without them (the
             // kept TPCs still hold one CTA per SM; the pairing is placement only)
             (void)cudaGetLastError();
-            cfg.numAttrs = 1;
-            e = cudaLaunchKernelEx(&cfg, kern, p, ws, extra...);
+            lc.numAttrs = 1;
+            e = cudaLaunchKernelEx(&lc, kern, p, ws, extra...);
         }
         return e;
     };
     if constexpr (K <= 128)
     {
-        if (nw == kScanWgmma || beside)  // + 1 KB: alignment slack for the swizzled tiles
+        if (isWgmmaScan(scan))  // + 1 KB: alignment slack for the swizzled tiles
         {
             prefill_chunked::ScanTmaMaps maps{};
             if (tma)
                 maps = scanTmaMaps(p, ws, K);
-            return scan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
-                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, prefill_chunked::kScanThreads, maps);
+            return launchScan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
+                int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, cfg::kScanThreads, maps);
         }
     }
-    if (nw == 2)
-        return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32, 64);
-    return scan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>, int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64, 128);
+    if (scan == PrefillScan::kMma2)
+        return launchScan(prefill_chunked::gdnPrefillScanKernel<T, K, 2>, int(sizeof(prefill_chunked::ScanSmem<T, K, 2>)), 32, 64);
+    return launchScan(prefill_chunked::gdnPrefillScanKernel<T, K, 4>, int(sizeof(prefill_chunked::ScanSmem<T, K, 4>)), 64, 128);
 }
 
 template <int K>
@@ -402,15 +379,15 @@ cudaError_t launchRecurrent(GdnPrefillParams const& p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cudaStream_t stream)
+cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, PrefillScan scan, bool tma, cudaStream_t stream)
 {
 #define GDN_PREFILL_K(KK)                                                                                              \
     if (p.K == KK)                                                                                                     \
     {                                                                                                                  \
         if (p.ioType == DType::kBFloat16)                                                                              \
-            return launchChunked<__nv_bfloat16, KK>(p, ws, nw, stream);                                                \
+            return launchChunked<__nv_bfloat16, KK>(p, ws, scan, tma, stream);                                         \
         if (p.ioType == DType::kFloat16)                                                                               \
-            return launchChunked<__half, KK>(p, ws, nw, stream);                                                       \
+            return launchChunked<__half, KK>(p, ws, scan, tma, stream);                                                \
         return launchRecurrent<KK>(p, stream);                                                                         \
     }
     GDN_PREFILL_K(64)
@@ -420,19 +397,22 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, int nw, cuda
     return cudaErrorInvalidValue;
 }
 
-// Scan variant. mma.sync: 4 warps per CTA (V-tile 64) beat 2 on every benchmark case on H100
-// (benchmarks/notes_prefill.md); wgmma wherever it can run.
-int pickScanVariant(GdnPrefillParams const& p)
+// The automatic scan [Scan choice]: mma.sync with 4 warps per CTA where wgmma cannot run (4 beat 2 on every
+// case measured); wgmma beside the prep kernel when the scan's CTAs fill at most 1/kBesideSmShare of the SMs
+// (one short wave: a few long sequences; the prep keeps the other SMs), after it for batches of many sequences.
+PrefillScan pickPrefillScan(GdnPrefillParams const& p)
 {
     if (p.K > 128 || !wgmmaUsable())
-        return 4;
-    // Beside the prep kernel when the scan CTAs fill at most half of the SMs (one short wave: long single
-    // sequences; the prep kernel keeps the other half); a batch of many sequences has CTAs enough for
-    // the serial order.
-    return 2 * wgScanCtas(p) <= smCount() ? kScanWgmmaBeside : kScanWgmma;
+        return PrefillScan::kMma4;
+    return cfg::kBesideSmShare * wgScanCtas(p) <= smCount() ? PrefillScan::kWgmmaBeside : PrefillScan::kWgmma;
 }
 
 } // namespace
+
+bool prefillScanRuns(PrefillScan scan, int32_t K)
+{
+    return isWgmmaScan(scan) ? K <= 128 && wgmmaUsable() : prefillScanName(int32_t(scan)) != nullptr;
+}
 
 char const* gdnPrefillSupports(GdnPrefillParams const& p)
 {
@@ -440,9 +420,9 @@ char const* gdnPrefillSupports(GdnPrefillParams const& p)
         return "prefill: ioType must be float32, float16 or bfloat16";
     if (!isValidDType(p.gateType))
         return "prefill: gateType must be float32, float16 or bfloat16";
-    if (!isHeadDim(p.K))
+    if (!spec::isKernelHeadDim(p.K))
         return "prefill: the CUDA kernel supports head dim K in {64, 128, 256} only";
-    if (!isHeadDim(p.V))
+    if (!spec::isKernelHeadDim(p.V))
         return "prefill: the CUDA kernel supports head dim V in {64, 128, 256} only";
     if (p.Hk <= 0 || p.Hv <= 0 || p.Hv % p.Hk != 0)
         return "prefill: heads need Hk > 0 and Hv a multiple of Hk (grouped value attention)";
@@ -465,43 +445,32 @@ size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
     return wsLayout(p).total;
 }
 
-// nw: scan variant (1 = wgmma after the prep kernel, 3 = wgmma beside it, 5 / 7 = the same with cp.async
-// loads instead of bulk tensor copies, 2 / 4 = mma.sync warps per CTA); anything else picks one. A wgmma
-// variant where wgmma cannot run returns cudaErrorNotSupported. Exposed for tests and benchmarks.
-cudaError_t launchGdnPrefillTuned(GdnPrefillParams const& p, cudaStream_t stream, int nw)
+cudaError_t launchGdnPrefillSupported(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig config)
 {
-    if (gdnPrefillSupports(p)[0] != '\0')
-        return cudaErrorInvalidValue;
+    if (config.scan != PrefillScan::kAuto && !prefillScanRuns(config.scan, p.K))
+        return cudaErrorNotSupported;
     if (p.N == 0)
         return cudaSuccess;
     WsLayout const w = wsLayout(p);
     if (w.total > 0 && (p.workspace == nullptr || p.workspaceBytes < w.total))
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
-    ChunkWs const ws{
-        base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq), reinterpret_cast<int*>(base + w.ctl), 0, 1, 0};
-    if (isWgmmaVariant(nw) && !wgmmaUsable())
-        return cudaErrorNotSupported;  // (K = 256 with a wgmma variant runs the 4-warp mma.sync scan)
-    if (nw != 2 && nw != 4 && !isWgmmaVariant(nw))
-        nw = pickScanVariant(p);
-    return dispatchK(p, ws, nw, stream);
+    ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq),
+        reinterpret_cast<int*>(base + w.ctl), 0, 1, 0};
+    PrefillScan const scan = config.scan == PrefillScan::kAuto ? pickPrefillScan(p) : config.scan;
+    return dispatchK(p, ws, scan, config.tma, stream);
+}
+
+cudaError_t launchGdnPrefillConfigured(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig config)
+{
+    if (gdnPrefillSupports(p)[0] != '\0')
+        return cudaErrorInvalidValue;
+    return launchGdnPrefillSupported(p, stream, config);
 }
 
 cudaError_t launchGdnPrefill(GdnPrefillParams const& p, cudaStream_t stream)
 {
-    return launchGdnPrefillTuned(p, stream, 0);
+    return launchGdnPrefillConfigured(p, stream, PrefillConfig{});
 }
 
 } // namespace gdn
-
-extern "C" int gdnPrefillWgmmaUsableC(int K)
-{
-    return K <= 128 && gdn::wgmmaUsable() ? 1 : 0;
-}
-
-extern "C" int gdnPrefillLaunchTunedC(gdn::GdnPrefillParams const* p, void* stream, int nw)
-{
-    if (p == nullptr || gdn::gdnPrefillSupports(*p)[0] != '\0')
-        return -1;
-    return static_cast<int>(gdn::launchGdnPrefillTuned(*p, static_cast<cudaStream_t>(stream), nw));
-}

@@ -19,9 +19,16 @@
 //   S^T = e^{G_C} S^T + (delta e^{G_C - G} rk)^T k
 // Raw q, k, v tiles and the workspace slot of the next chunk stream in by cp.async (double buffer);
 // the norms, scale and decays are applied to the accumulators, never to the operands.
+//
+// cu_seqlens is trusted by no kernel: TensorRT times the plugin with inputs it fills itself, and only the torch
+// binding validates values on the host. Every kernel reads a sequence's range through seqRange (offsets clamped
+// into [0, T], end >= begin), which keeps every token row and chunk id in bounds; beside the prep, a scan CTA waits
+// for prep items only when the prep attributes every chunk id of its sequence to it (seqOfChunk): garbage offsets
+// can make sequences overlap, and then the items it would wait for go to another sequence.
 #pragma once
 
 #include "gdnCommon.cuh"
+#include "gdnPrefillConfig.h"
 #include "gdnPrefillMma.cuh"
 
 namespace gdn
@@ -31,10 +38,31 @@ namespace prefill_chunked
 
 using namespace detail;
 using namespace prefill_mma;
+using namespace prefill_config;
 
-constexpr int kC = 64;  // chunk size (spec chunk_size)
+constexpr int kC = kChunk;  // chunk size (the spec's chunk_size)
 
-// Largest n in [0, N) with cu[n] / 64 + n <= id (chunk ids are increasing in n).
+// Offset cu[n] clamped into [0, T].
+__device__ __forceinline__ int clampedOffset(int32_t const* cu, int n, int T)
+{
+    return min(max(cu[n], 0), T);
+}
+
+// Tokens [begin, end) of sequence n: cu_seqlens clamped into [0, T] with end >= begin (valid offsets unchanged).
+// With begin, end in [0, T] every chunk id bos / 64 + n + c of the sequence stays below T / 64 + N.
+struct SeqRange
+{
+    int begin, end;
+};
+__device__ __forceinline__ SeqRange seqRange(int32_t const* cu, int n, int T)
+{
+    int const b = clampedOffset(cu, n, T);
+    return {b, max(clampedOffset(cu, n + 1, T), b)};
+}
+
+// Largest n in [0, N) with cu[n] / 64 + n <= id (chunk ids are increasing in n for valid offsets). The prep's
+// sequence of chunk id `id`. Whatever cu holds, the result is non-decreasing in id (each probe's test is), so a
+// sequence whose first and last chunk ids map to it has every chunk id mapped to it (seqOwnsItsChunks).
 __device__ __forceinline__ int seqOfChunk(int32_t const* cu, int N, int id)
 {
     int lo = 0, hi = N - 1;
@@ -49,17 +77,22 @@ __device__ __forceinline__ int seqOfChunk(int32_t const* cu, int N, int id)
     return lo;
 }
 
+// Whether the prep attributes every chunk id id0 .. id0 + nch - 1 of sequence n to it (always, for valid offsets).
+__device__ __forceinline__ bool seqOwnsItsChunks(int32_t const* cu, int N, int n, int id0, int nch)
+{
+    return nch == 0 || (seqOfChunk(cu, N, id0) == n && seqOfChunk(cu, N, id0 + nch - 1) == n);
+}
+
 // Workspace pointers (see the layout above); set up by the host from p.workspace.
 struct ChunkWs
 {
     void* aqk;
     void* tm;
     float* gq;
-    // When the scan runs beside the prep kernel (nullptr otherwise), zeroed before the prep kernel:
-    // [0] next work item, [1] SMs claimed, [2 ..] per-SM role (by %smid), then the ready counters
-    // (readyCounter). scanCtas SMs are kept free for the scan's CTAs.
+    // When the scan runs beside the prep kernel (nullptr otherwise), zeroed before the prep kernel: the control
+    // block (kCtl* below), then the ready counters (readyCounter), then the progress counters (consumedCounter).
     int* ctl;
-    int scanCtas;
+    int scanCtas;  // SMs kept free for the scan's CTAs
     // CTAs per scan cluster: 2 when the scan runs as clusters of two V-tile CTAs of a value head, which
     // the hardware places on the two SMs of one TPC (%smid 2i and 2i + 1 on the H100, probed); the prep then
     // keeps SMs for the scan by whole TPCs (smid / 2), else 1 (SM by SM)
@@ -70,13 +103,9 @@ struct ChunkWs
     int throttle;
 };
 
-// Chunks per ready counter (one acquire load per block in the scan's producer warp) and per progress
-// counter of the prep's throttle. H100, 1x64K beside the prep, same-process A/Bs (notes v14): 8 -> 4 chunks
-// 1.294 -> 1.278 ms (9 rounds, faster in every round; 1x16K 0.347 -> 0.340); in an earlier A/B (7 rounds,
-// 8 chunks 1.298 ms) 2 chunks 1.331, 1 chunk 1.544.
-constexpr int kReadyBlock = 4;
-constexpr int kCtlSmIds = 1024;  // per-SM role slots (%smid beyond them: a worker SM)
-constexpr int kCtlInts = 2 + kCtlSmIds;  // ints of the control block ahead of the ready counters
+// The control block of ws.ctl: the next work item, the SMs claimed, then one role slot per SM (by %smid).
+constexpr int kCtlNextItem = 0, kCtlClaims = 1, kCtlRoles = 2;
+constexpr int kCtlInts = kCtlRoles + kCtlSmIds;  // ints of the control block ahead of the ready counters
 
 // Chunk ids per head: T/64 + N (sequence n's chunk c has id bos/64 + n + c); the workspace has one slot per
 // (chunk id, value head), the beside mode one ready and one progress counter per (chunk id, key head).
@@ -104,7 +133,6 @@ __device__ __forceinline__ int* consumedCounter(ChunkWs const& ws, GdnPrefillPar
 {
     return readyCounter(ws, p, hk, id) + chunkIds(p) * p.Hk;
 }
-constexpr unsigned long long kThrottleNs = 50000;  // a throttled prep item waits at most this long
 
 __device__ __forceinline__ unsigned long long globalTimerNs()
 {
@@ -376,7 +404,8 @@ __global__ void __launch_bounds__(32 * NW, 1) gdnPrefillScanKernel(GdnPrefillPar
     int const n = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
     int const vbase = blockIdx.z * SM::VT;
-    int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
+    SeqRange const seq = seqRange(p.cuSeqlens, n, p.T);
+    int const bos = seq.begin, L = seq.end - seq.begin;
     int const nch = (L + kC - 1) / kC, id0 = bos / kC + n;
     int const vw = vbase + 16 * warp;  // this warp's first value column
 

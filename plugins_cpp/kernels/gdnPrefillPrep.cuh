@@ -55,21 +55,17 @@ struct PrepSmem
     alignas(16) float rk[kC];
 };
 
-// Named barrier 1 + c (c = 0, 1) of the 64 threads of warps c and 2 + c: bar.sync waits, bar.arrive only counts
-// this warp in (immediate ids: ptxas then reserves only the barriers used)
+// Named barrier 1 + c (c = 0, 1) of the 64 threads of warps c and 2 + c (immediate ids: ptxas then reserves only
+// the barriers used). Both warps wait (bar.sync), although the producing warp c need only arrive: racecheck mis-tracks
+// bar.arrive beside a second named barrier and then reports the next value head's L stores against this head's reads
+// (a false positive, tests/kernels/sanitizer/sync_patterns.cu, mode prep_pairs); the wait costs nothing measurable
+// (both warps reach the barrier after the same block products; docs/kernels.md, Sanitizers).
 __device__ __forceinline__ void pairBarSync(int c)
 {
     if (c == 0)
         asm volatile("bar.sync 1, 64;\n" ::: "memory");
     else
         asm volatile("bar.sync 2, 64;\n" ::: "memory");
-}
-__device__ __forceinline__ void pairBarArrive(int c)
-{
-    if (c == 0)
-        asm volatile("bar.arrive 1, 64;\n" ::: "memory");
-    else
-        asm volatile("bar.arrive 2, 64;\n" ::: "memory");
 }
 
 // acc (16x16, C layout of two n8 tiles) -> a row-major fp32 block at dst (row stride ld), negated if neg
@@ -87,8 +83,8 @@ __device__ __forceinline__ void storeBlock16(float* dst, int ld, float const (&a
 }
 
 // Gram products of warp W (rows 16W..16W+15): k.k^T and q.k^T (n8 tiles of the column blocks <= W) and the
-// diagonal block of q.q^T. (A copy per warp, W a template argument as in prepRows: H100, notes v19, the prep alone
-// at 1x16K 143.0 -> 141.3 us, but 1x64K beside the scan 1.197 -> 1.205 ms, and 163.0 us with both copies.)
+// diagonal block of q.q^T. (W stays a run-time value here: a copy per warp, as prepRows has, was not faster
+// beside the scan; docs/performance.md, Prep rows per warp.)
 template <typename T, int K>
 __device__ __forceinline__ void prepGram(
     PrepSmem<T, K>& sm, float (&kk)[8][4], float (&qk)[8][4], float (&qq)[2][4], int W, int lane)
@@ -188,7 +184,8 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
     constexpr int KS = PrepSmem<T, K>::KS;
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int const n = seqOfChunk(p.cuSeqlens, p.N, id);
-    int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
+    SeqRange const seq = seqRange(p.cuSeqlens, n, p.T);
+    int const bos = seq.begin, L = seq.end - seq.begin;
     int const c = id - (bos / kC + n);
     if (c < 0 || c * kC >= L)
         return -1;  // unused id (gap after a short or empty sequence)
@@ -283,7 +280,9 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
     for (int h = hk * grp; h < (hk + 1) * grp; ++h)
     {
         // The gates and their cumulative sum, computed by every warp into its own copy (lane: tokens lane and
-        // lane + 32). The previous head's last reads of the copy were this warp's own (Tm' and factor stores).
+        // lane + 32). The previous head's last reads of the copy were this warp's own (Tm' and factor stores):
+        // a warp barrier orders them before the new values (the shuffles below order execution, not memory).
+        __syncwarp();
         float* const Gw = sm.G[warp];
         float* const bw = sm.beta[warp];
         {
@@ -385,16 +384,12 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
             storeBlock16(&R[0][0], RS, t, false, lane);
             float const(&T0)[16][RS] = sm.u.inv.R[c];  // T_0c
             float y[2][4] = {};
+            __syncwarp();
+            pairBarSync(c);
             if (r == 0)
-            {
-                __syncwarp();
-                pairBarArrive(c);
                 mmaBlock16Tf32(y, &X[32][32], LS, &T0[0][0], RS, lane);
-            }
             else
             {
-                __syncwarp();
-                pairBarSync(c);
                 mmaBlock16Tf32(y, &X[48][32], LS, &T0[0][0], RS, lane);
                 mmaBlock16Tf32(y, &X[48][48], LS, &R[0][0], RS, lane);
             }
@@ -450,10 +445,10 @@ __device__ __forceinline__ bool prepKeepsSmForScan(ChunkWs const& ws, int* bcast
         unsigned const unit = smid / unsigned(ws.scanCluster);  // the SM, or its TPC
         if (unit < unsigned(kCtlSmIds))
         {
-            int* slot = ws.ctl + 2 + unit;
+            int* slot = ws.ctl + kCtlRoles + unit;
             if (atomicCAS(slot, kFree, kClaiming) == kFree)
             {
-                int const r = atomicAdd(ws.ctl + 1, 1);
+                int const r = atomicAdd(ws.ctl + kCtlClaims, 1);
                 role = (r >= 1 && r <= ws.scanCtas / ws.scanCluster) ? kForScan : kWorker;
                 atomicExch(slot, role);
             }
@@ -469,24 +464,9 @@ __device__ __forceinline__ bool prepKeepsSmForScan(ChunkWs const& ws, int* bcast
     return *bcast == kForScan;
 }
 
-// Prep CTAs per SM (registers <= 128 for 4: H100, 16x1K 0.505 -> 0.494 ms, 1x64K after the prep 1.840 ->
-// 1.829; K = 256 keeps 3)
-template <int K>
-constexpr int kPrepCtasPerSm = K <= 128 ? 4 : 3;
-// Beside the scan, the persistent prep grid runs at most this many CTAs per SM (of the kPrepCtasPerSm that fit).
-// H100, 1x64K, same-process A/Bs with the v19 prep item (notes v19): 4 -> 3 CTAs single calls 1.200 -> 1.162 ms,
-// queued 1.205 -> 1.173; 2: 1.421 (the scan waits on the prep). With the v18 item 3 CTAs were no faster (1.198 ->
-// 1.206).
-template <int K>
-constexpr int kPrepCtasPerSmBeside = kPrepCtasPerSm<K> < 3 ? kPrepCtasPerSm<K> : 3;
-
 // Beside the scan, the prep CTAs of slot s on an SM (blockIdx.x / SMs: the persistent grid fills the SMs slot by
 // slot) take their first item s x kStaggerNs after the start, so that the first chunks' items share their SMs
-// with fewer others and the scan's first block is ready sooner (without it every item of chunks 0-16 ends
-// ~23 us after the start, notes v16). H100, same-process A/Bs, outputs bitwise equal: queued calls 1x4K
-// 0.107 -> 0.103 ms, 1x16K 0.329 -> 0.326, 1x64K 1.235 -> 1.233; single calls 0.109 -> 0.107, 0.339 ->
-// 0.335, 1.223 -> 1.219; 1 or 3 us per slot equal to 2.
-constexpr unsigned long long kStaggerNs = 2000;
+// with fewer others and the scan's first block is ready sooner.
 template <int K>
 __device__ __forceinline__ void prepStaggeredStart()
 {
@@ -521,7 +501,7 @@ __global__ void __launch_bounds__(128, kPrepCtasPerSm<K>) gdnPrefillPrepKernel(G
         if (beside)
         {
             if (threadIdx.x == 0)
-                bcast = atomicAdd(ws.ctl, 1);
+                bcast = atomicAdd(ws.ctl + kCtlNextItem, 1);
             __syncthreads();
             item = bcast;
         }

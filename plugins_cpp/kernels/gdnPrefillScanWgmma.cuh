@@ -12,40 +12,18 @@
 //   O^T += delta^T Aqk^T        m64n64k16  x 4                                | o of chunk c - 1 stored
 // with D = delta e^{G_C - G} rk. One product's accumulators become the next one's A registers (same
 // fragment layout as mma.sync).
-// Warp-specialised: a second warpgroup holds the producer warp (4) and the store warp (5); the producer fills 3
-// shared-memory stages, chunk c + 2 streaming in while c runs: a full chunk by bulk tensor copies (TMA: one
-// lane issues 8 box copies and one 1 KB bulk copy, completing on the stage's `full` mbarrier; the tensor maps
-// write the 128B swizzle themselves), the last, partial chunk of a sequence (rows past its end must read as
-// zero) and launches without tensor maps by cp.async from its 32 lanes. Beside the prep kernel it also waits
-// on the prep's ready counters.
-// The math warps wait only on `full` and release a stage on its `empty` mbarrier (one arrival per warp):
-// no CTA barrier per chunk. Each chunk's o is packed at the chunk's end and stored in the shadow of the
-// next chunk's state update, where the warps would otherwise wait for the tensor cores: stmatrix.trans
-// into a swizzled staging tile and an mbarrier arrival; the store warp issues one bulk tensor store of the 64x64
-// tile (wgScanStoreO). The CTA launches with 168 registers per thread and the math warpgroup then takes 240
-// (setmaxnreg), the other warpgroup 96.
-// Measured (benchmarks/notes_prefill.md): the producer warp took the scan from 1.47 to 1.28 ms at 1x64K, the deferred o
-// store to 1.25 ms, the bulk o store (instead of per-warp 16-byte stores) 1.29 -> 1.20 ms (v11); 718 -> 622
-// instructions per chunk (32-bit descriptor words, one stmatrix lane base, the unpack): 1.14 ms after the prep, 1.34 ->
-// 1.30 beside it (v13). Measured and dropped: a second warpgroup for the O products, a cp.async loader warp with named
-// barriers (v5), m64n48/32/16 products that skip the zero blocks of the triangular Tm' and Aqk (ptxas then serialises
-// every wgmma), O1 in two halves around delta, per-warp bulk stores of o (32-byte rows), v and the X factors read in
-// P's shadow; beside the prep, dropping each workspace slot's L2 lines once read (discard.global.L2: the producer
-// became the bottleneck) and a ring of reused slots; the chunk loop turned at delta so that the state's pack and
-// scaling overlap O2 (5% slower, notes v10), o copied to global memory by the producer warp (LDS + STG: ~2 us per tile
-// for one warp, much slower); a second warpgroup computing W = Tm' diag(e^G rk) k so that delta = U - W S leaves the
-// chain (equal after the prep, slower beside it, v11), o staged in the stage's v tile (4% slower, v11), the state's K
-// columns split over two math warpgroups (P and O1 partials summed through shared memory: 1.8x slower, the scalar work
-// per chunk does not split, v12); O2 issued before S, the o store's fence and barrier after the S/O2 wait, the next
-// stage's mbarrier tested early, two chunks' o per barrier (v13); O2 waited for behind the next chunk's P, the
-// state's pack and scaling in O2's shadow (v17: 7% slower), a prep CTA beside each scan CTA (v17: its items
-// hold up the scan's blocks, 1x64K 1.21 -> 1.41 ms).
-// v (read once) and, beside the prep, o are streamed with an L2 evict-first policy; beside the prep the producer
-// also prefetches v of chunk c + kL2Ahead into L2 (the other tiles are there already: 1x64K 1.28 -> 1.25 ms, v15).
-// Measured and dropped (v15): every tile prefetched after the prep (16x1K 0.48 -> 0.56 ms), v by per-lane
-// prefetch.global.L2 (no gain over the TMA prefetch), q and k prefetched for the prep's items (1.44 ms: the
-// prefetches queue ahead of the scan's own loads), evict-first q, k and slot loads, the inputs loaded ahead of
-// the ready wait, each slot's L2 lines discarded once read (1.48 ms).
+// Warp-specialised: a second warpgroup holds the producer warp (4) and the store warp (5); the producer fills
+// kWgStages shared-memory stages, chunk c + 2 streaming in while c runs: a full chunk by bulk tensor copies (TMA:
+// one lane issues 8 box copies and one 1 KB bulk copy, completing on the stage's `full` mbarrier; the tensor maps
+// write the 128B swizzle themselves), the last, partial chunk of a sequence (rows past its end must read as zero)
+// and launches without tensor maps by cp.async from its 32 lanes. Beside the prep kernel it also waits on the
+// prep's ready counters.
+// The math warps wait only on `full` and release a stage on its `empty` mbarrier (one arrival per warp): no CTA
+// barrier per chunk. Each chunk's o is packed at the chunk's end and stored in the shadow of the next chunk's state
+// update: stmatrix.trans into a swizzled staging tile and an mbarrier arrival; the store warp issues one bulk tensor
+// store of the 64x64 tile (wgScanStoreO). The CTA launches with kScanLaunchRegs registers per thread; the math
+// warpgroup then takes kScanMathRegs (setmaxnreg), the other warpgroup kScanAuxRegs.
+// Why this shape, and what was measured against it: docs/performance.md (wgmma scan).
 // K in {64, 128} (K = 256 would need 128 accumulator registers for S^T alone: the mma.sync kernel).
 #pragma once
 
@@ -70,20 +48,6 @@ struct ScanTmaMaps
     CUtensorMap q, k, v, tm, aqk, o;  // o: the same box as v, stored to
     int use;
 };
-
-constexpr int kWgStages = 3;  // shared-memory stages: chunk c + 2 streams in while chunk c runs
-// Beside the prep the producer prefetches v of chunk c + kL2Ahead into L2 when it loads chunk c (H100, 1x64K,
-// notes v15: 2 / 4 / 8 chunks ahead 1.253 / 1.255 / 1.258 ms against 1.273 without)
-constexpr int kL2Ahead = 4;
-
-// Warps of a CTA: the math warpgroup (warps 0-3) and a second warpgroup of a producer warp (4: the stages), a store
-// warp (5: o) and two that only complete the warpgroup's setmaxnreg. The CTA launches with kScanLaunchRegs
-// registers per thread and the math warpgroup then takes kScanMathRegs of the pool (setmaxnreg.inc), the other
-// keeping kScanAuxRegs (H100, notes v17: with the store warp 1x64K after the prep 1.664 -> 1.584 ms, the
-// reconfiguration (8 warps) a further 1997 -> 1913 cycles per chunk there).
-constexpr int kScanThreads = 256;
-constexpr int kScanLaunchRegs = 168, kScanMathRegs = 240, kScanAuxRegs = 96;
-static_assert(4 * kScanMathRegs + 4 * kScanAuxRegs <= 8 * kScanLaunchRegs, "setmaxnreg: the CTA's register pool");
 
 template <typename T, int K, int NS = kWgStages>
 struct WgScanSmem
@@ -185,8 +149,8 @@ __device__ __forceinline__ void wgProduct64(float (&acc)[8][4], uint32_t const (
 // tensor store of the 64x64 tile (a full chunk with a tensor map: the copy engine writes 128-byte rows) or by
 // 16-byte stores of its rows < len (the last, partial chunk of a sequence, whose rows past the end the map would
 // write; launches without tensor maps); the tile is released (oEmpty) once read. The math warps rewrite the tile a
-// chunk later, so one tile is enough. (Until v16 the math warps stored o themselves, thread 0 issuing the bulk store
-// after a named barrier: ~470 of a chunk's ~2150 cycles, on the chain; now ~350, stmatrix and the proxy fence.)
+// chunk later, so one tile is enough. (A separate warp keeps the store's issue and read wait off the math warps'
+// chain: docs/performance.md, o by a store warp.)
 template <typename T>
 __device__ __forceinline__ void wgScanStoreO(GdnPrefillParams const& p, uint32_t obuf, uint32_t oFull, uint32_t oEmpty,
     void const* oMap, uint64_t pol, int h, int vbase, int bos, int L, int lane)
@@ -244,6 +208,9 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
     int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
     int* const consumed = ws.ctl ? consumedCounter(ws, p, hk, id0) : nullptr;
     uint32_t phases = 0;
+    // beside the prep: the prep items of this sequence's chunks come only if the prep attributes every chunk id to
+    // it; garbage cu_seqlens can make sequences overlap, and then the scan does not wait (its data is garbage)
+    bool const owned = lane == 0 && ready != nullptr && seqOwnsItsChunks(p.cuSeqlens, p.N, blockIdx.x, id0, nch);
     uint64_t const vPolicy = policyEvictFirst();  // v is read once
     for (int c = 0; c < nch; ++c)
     {
@@ -258,7 +225,7 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
         {
             if (lane == 0)
             {
-                int const want = min(kReadyBlock, nch - c);
+                int const want = owned ? min(kReadyBlock, nch - c) : 0;
                 while (loadAcquire(ready + c) < want)
                     __nanosleep(64);
                 fenceProxyAsyncGlobal();  // the prep's stores, read next by bulk copies
@@ -285,7 +252,7 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
                 tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
                 bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
                 // beside the prep: v of chunk c + kL2Ahead into L2 (q, k and the slot are in L2 already, where
-                // the prep left them; after the prep, prefetching every tile was slower at 16x1K, notes v15)
+                // the prep left them; after the prep, prefetching every tile was slower for batches of sequences)
                 if (ready != nullptr && c + kL2Ahead < nch)
                     tmaPrefetch3d(&maps.v, vbase, h, t0 + kL2Ahead * kC);
             }
@@ -324,7 +291,8 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     int const n = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
     int const vbase = blockIdx.z * SM::VT;
-    int const bos = p.cuSeqlens[n], L = p.cuSeqlens[n + 1] - bos;
+    SeqRange const seq = seqRange(p.cuSeqlens, n, p.T);
+    int const bos = seq.begin, L = seq.end - seq.begin;
     int const nch = (L + kC - 1) / kC, id0 = bos / kC + n;
     uint32_t const st0 = smemAddr(&sm.st[0]);
     uint32_t const full0 = smemAddr(&sm.full[0]), empty0 = smemAddr(&sm.empty[0]);
@@ -456,8 +424,11 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
             fenceRegs(dA[kk]);
             fenceRegs(uA[kk]);
         }
+        // every read of the stage is done (the wgmma waited, the loads used); the warp barrier orders the other
+        // lanes' reads of v and the factors before lane 0's release
+        __syncwarp();
         if (lane == 0)
-            mbarArrive(empty0 + 8u * si);  // every read of the stage is done (the wgmma waited, the loads used)
+            mbarArrive(empty0 + 8u * si);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             accToA<T>(op[j], oa, j);

@@ -1,4 +1,5 @@
-"""Helpers shared by the GPU kernel tests: dtype names, op attributes, inputs moved to the GPU."""
+"""Helpers shared by the GPU kernel tests: dtype names, op attributes, inputs moved to the GPU, prefill scan
+configurations."""
 from __future__ import annotations
 
 import torch
@@ -27,3 +28,15 @@ def to_device(inp, io_dtype, gate_dtype):
         dev[n] = d.cuda()
         ref[n] = dev[n].double() if d.is_floating_point() else dev[n]
     return dev, ref
+
+
+# Prefill scan configurations (scan name, tma) of gdnPrefillConfig.h: the wgmma scan after and beside the prep
+# kernel, by bulk tensor copies and by cp.async (what a launch uses where no tensor map encodes), and the mma.sync
+# scan with 2 and 4 warps per CTA.
+SCAN_CONFIGS = (("wgmma", True), ("wgmma_beside", True), ("wgmma", False), ("wgmma_beside", False),
+                ("mma2", True), ("mma4", True))
+
+
+def scan_configs(kernels, K, configs=SCAN_CONFIGS):
+    """The configurations of `configs` that run on this device and build for head dim K."""
+    return [(s, t) for s, t in configs if kernels.launch.prefill_scan_runs(kernels.LIB, s, K)]

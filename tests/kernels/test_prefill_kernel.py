@@ -3,13 +3,11 @@
 Every check draws fresh random inputs, poisons o and final_state with NaN before the launch and
 checks that every element was written; the reference sees exactly the values the kernel sees (the
 low-precision inputs upcast to float64, run through the exact chunked form on the GPU).
-16-bit I/O runs the chunked tensor-core kernels (every scan the device runs: mma.sync with 2 and 4
-warps per CTA, and the wgmma scan on sm_90 with an sm_90a build);
-float32 I/O runs the exact fp32 kernel.
+16-bit I/O runs the chunked tensor-core kernels (every scan the device runs, by name: mma.sync with 2 and
+4 warps per CTA, and the wgmma scan on sm_90 with an sm_90a build, after and beside the prep kernel, by bulk
+tensor copies and by cp.async); float32 I/O runs the exact fp32 kernel.
 """
 from __future__ import annotations
-
-import ctypes
 
 import pytest
 import torch
@@ -18,18 +16,10 @@ from conftest import make_prefill_inputs, rel_err
 from gdn_deploy.reference import prefill_ref
 from gdn_deploy.validate import tolerance_for
 
-from ._gpu_util import DT, op_attrs, to_device
+from ._gpu_util import DT, SCAN_CONFIGS, op_attrs, scan_configs, to_device
 
 ORDER = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "A_log", "dt_bias")
 RAGGED = [0, 1, 63, 64, 65, 1000]
-
-
-def _tuned(kernels):
-    fn = getattr(kernels.LIB, "gdnPrefillLaunchTunedC", None)
-    if fn is not None:
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.POINTER(kernels.GdnPrefillParams), ctypes.c_void_p, ctypes.c_int]
-    return fn
 
 
 def _params(kernels, d, attrs, o, final, initial_state="given"):
@@ -38,20 +28,11 @@ def _params(kernels, d, attrs, o, final, initial_state="given"):
                                          d.get("A_log"), d.get("dt_bias"), **attrs)
 
 
-def _launch(kernels, p, ws, nw=0):
-    if not nw:
-        kernels.launch.launch_prefill(kernels.LIB, p, ws, torch.device("cuda"))
-        return
-    fn = _tuned(kernels)
-    if fn is None:
-        pytest.skip("library has no gdnPrefillLaunchTunedC")
-    p.workspace = 0 if ws is None else ws.data_ptr()
-    p.workspaceBytes = 0 if ws is None else ws.numel()
-    rc = fn(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), int(nw))
-    assert rc == 0, f"gdnPrefillLaunchTunedC returned {rc}"
+def _launch(kernels, p, ws, scan="auto", tma=True):
+    kernels.launch.launch_prefill(kernels.LIB, p, ws, torch.device("cuda"), scan=scan, tma=tma)
 
 
-def _run(kernels, d, attrs, *, nw=0, initial_state="given"):
+def _run(kernels, d, attrs, *, scan="auto", tma=True, initial_state="given"):
     """Launch on NaN-poisoned outputs; returns (o, final_state)."""
     o = torch.full_like(d["v"], float("nan"))
     final = torch.full_like(d["initial_state"], float("nan"))
@@ -59,7 +40,7 @@ def _run(kernels, d, attrs, *, nw=0, initial_state="given"):
     assert kernels.launch.prefill_supports(kernels.LIB, p) == ""
     nbytes = kernels.launch.prefill_workspace_bytes(kernels.LIB, p)
     ws = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device="cuda") if nbytes else None  # poisoned scratch
-    _launch(kernels, p, ws, nw)
+    _launch(kernels, p, ws, scan, tma)
     torch.cuda.synchronize()
     return o, final
 
@@ -76,6 +57,10 @@ def _check(o, final, ref, attrs, io_dtype, *, zero_state=False):
     assert eo <= tol, f"o rel err {eo:.3e} > {tol}"
     assert es <= tol, f"final_state rel err {es:.3e} > {tol}"
     return eo, es
+
+
+# the wgmma scan beside the prep by cp.async: test_prefill_beside_long_sequences, test_garbage_indices.py
+FP64_SCANS = tuple(c for c in SCAN_CONFIGS if c != ("wgmma_beside", False))
 
 
 # (seqlens, Hk, Hv, K, V, io, gate dtype, gate_mode, l2norm)
@@ -107,17 +92,9 @@ def test_prefill_vs_fp64(kernels, gen, case):
     inp = make_prefill_inputs(gen, seqlens, Hk, Hv, K, V, gate_mode=gm, use_qk_l2norm=l2)
     d, ref = to_device(inp, DT[io], DT[gd])
     attrs = op_attrs(gm, l2)
-    for nw in (_scan_variants(kernels, K) if io != "f32" else (0,)):
-        o, final = _run(kernels, d, attrs, nw=nw)
+    for scan, tma in (scan_configs(kernels, K, FP64_SCANS) if io != "f32" else [("auto", True)]):
+        o, final = _run(kernels, d, attrs, scan=scan, tma=tma)
         _check(o, final, ref, attrs, DT[io])
-
-
-def _scan_variants(kernels, K):
-    """Scan kernels to check for 16-bit I/O: mma.sync with 2 and 4 warps, plus wgmma where it runs, after
-    the prep kernel (1) and beside it (3: persistent prep grid, ready counters, programmatic dependent launch),
-    both loading by bulk tensor copies, and 5 (= 1 with the cp.async loads used where no tensor map encodes)."""
-    usable = getattr(kernels.LIB, "gdnPrefillWgmmaUsableC", None)
-    return (1, 3, 5, 2, 4) if usable is not None and usable(int(K)) else (2, 4)
 
 
 @pytest.mark.gpu
@@ -166,18 +143,31 @@ def test_prefill_64k_tokens(kernels, gen, io):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nw", [3, 7])
-def test_prefill_beside_long_sequences(kernels, gen, nw):
-    """The scan beside the prep kernel (the prep's throttle, ready counters across blocks of 8 chunks) on
-    sequences of 79, 33 and 11 chunks and an empty one, by bulk tensor copies (3) and by cp.async (7)."""
-    usable = getattr(kernels.LIB, "gdnPrefillWgmmaUsableC", None)
-    if usable is None or not usable(128):
-        pytest.skip("the wgmma scan (variants 3, 7) needs an sm_90a build on an sm_90 GPU")
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
+def test_prefill_beside_long_sequences(kernels, gen, tma):
+    """The scan beside the prep kernel (the prep's throttle, ready counters across blocks of 4 chunks) on
+    sequences of 79, 33 and 11 chunks and an empty one, by bulk tensor copies and by cp.async."""
+    if not kernels.launch.prefill_scan_runs(kernels.LIB, "wgmma_beside", 128):
+        pytest.skip("the wgmma scan needs an sm_90a build on an sm_90 GPU")
     inp = make_prefill_inputs(gen, [5000, 2100, 0, 700], 2, 4, 128, 128, use_qk_l2norm=1)
     d, ref = to_device(inp, torch.bfloat16, torch.float32)
     attrs = op_attrs(0, 1)
-    o, final = _run(kernels, d, attrs, nw=nw)
+    o, final = _run(kernels, d, attrs, scan="wgmma_beside", tma=tma)
     _check(o, final, ref, attrs, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_prefill_scan_names_and_unrunnable_scan(kernels, gen):
+    """The library names its scans; a scan that cannot run for the params is refused, not silently replaced."""
+    from gdn_deploy.kernels.library import prefill_scan_code, prefill_scan_names
+    assert prefill_scan_names(kernels.LIB) == ("auto", "wgmma", "wgmma_beside", "mma2", "mma4")
+    with pytest.raises(ValueError, match="unknown"):
+        prefill_scan_code(kernels.LIB, "fastest")
+    assert not kernels.launch.prefill_scan_runs(kernels.LIB, "wgmma", 256)  # (K = 256: mma.sync only)
+    inp = make_prefill_inputs(gen, [70], 1, 2, 256, 64)
+    d, _ = to_device(inp, torch.bfloat16, torch.float32)
+    with pytest.raises(RuntimeError, match="cudaErrorNotSupported"):
+        _run(kernels, d, op_attrs(0, 0), scan="wgmma")
 
 
 @pytest.mark.gpu

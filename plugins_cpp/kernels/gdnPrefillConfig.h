@@ -1,0 +1,100 @@
+// The prefill's named configuration: the scan variants, the TMA flag, and every tuning constant of the
+// chunked prefill kernels, each with a one-line reason; the measurements behind them are in
+// docs/performance.md (section names in brackets). Chunk size and head dims come from the op contract
+// (gdnOpSpec.h, generated from gdn_deploy/spec/gdn_ops.json).
+#pragma once
+
+#include "gdnKernels.h"
+#include "gdnOpSpec.h"
+
+#include <cstdint>
+
+namespace gdn
+{
+
+// Scan kernel of the chunked prefill (16-bit I/O). The C API names them (gdnPrefillScanNameC), and tests and
+// benchmarks pass those names; the codes are only the ABI.
+enum class PrefillScan : int32_t
+{
+    kAuto = 0,         // pickPrefillScan (gdnPrefill.cu): what launchGdnPrefill runs
+    kWgmma = 1,        // warpgroup wgmma scan (sm_90a build on an sm_90 device, K <= 128), after the prep kernel
+    kWgmmaBeside = 2,  // the same scan beside a persistent prep kernel (programmatic dependent launch)
+    kMma2 = 3,         // warp-level mma.sync scan, 2 warps per CTA (V-tile 32)
+    kMma4 = 4,         // warp-level mma.sync scan, 4 warps per CTA (V-tile 64)
+};
+constexpr int32_t kPrefillScanCount = 5;
+
+struct PrefillConfig
+{
+    PrefillScan scan = PrefillScan::kAuto;
+    // wgmma scans: tiles loaded and o stored by bulk tensor copies (TMA) where the tensor maps encode; false forces
+    // the cp.async loads and 16-byte o stores that the last, partial chunk of a sequence always uses.
+    bool tma = true;
+};
+
+// The scan's name ("auto", "wgmma", "wgmma_beside", "mma2", "mma4"); nullptr for a code out of range.
+inline char const* prefillScanName(int32_t code)
+{
+    constexpr char const* kNames[kPrefillScanCount] = {"auto", "wgmma", "wgmma_beside", "mma2", "mma4"};
+    return code >= 0 && code < kPrefillScanCount ? kNames[code] : nullptr;
+}
+// Whether `scan` can run for head dim K on the current device with this build (kAuto: always).
+bool prefillScanRuns(PrefillScan scan, int32_t K);
+// launchGdnPrefill with a forced configuration (tests, benchmarks). A scan that cannot run here returns
+// cudaErrorNotSupported.
+cudaError_t launchGdnPrefillConfigured(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig cfg);
+// The same for params gdnPrefillSupports has just accepted (the C API checks them once per launch).
+cudaError_t launchGdnPrefillSupported(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig cfg);
+
+namespace prefill_config
+{
+
+// ---- the op contract
+constexpr int kChunk = spec::kChunkSize;
+static_assert(kChunk == 64, "the chunked kernels are written for 64-token chunks (tiles, fragment layouts)");
+
+// ---- choice of scan [Scan choice]
+// The wgmma scan runs beside the prep when its CTAs fill at most 1/kBesideSmShare of the SMs (a few long
+// sequences: the prep keeps the other SMs); batches of many sequences have CTAs enough to run after the prep.
+constexpr int kBesideSmShare = 2;
+
+// ---- fp32 I/O: token-by-token kernel [fp32 prefill]
+constexpr int kRecTokens = 16;  // tokens staged in shared memory per step (one barrier pair per 16 tokens)
+
+// ---- prep kernel [Prep kernel]
+// Prep CTAs per SM: 4 at <= 128 registers for K <= 128 (3 at K = 256, whose Gram tiles need more registers).
+template <int K>
+constexpr int kPrepCtasPerSm = K <= 128 ? 4 : 3;
+// Beside the scan, the persistent prep grid runs at most 3 CTAs per SM: the scan runs faster beside fewer prep
+// CTAs while 3 still keep up with it [Prep occupancy beside the scan].
+template <int K>
+constexpr int kPrepCtasPerSmBeside = kPrepCtasPerSm<K> < 3 ? kPrepCtasPerSm<K> : 3;
+// Beside the scan, prep CTA slot s on an SM takes its first item s x kStaggerNs late, so that the first chunks'
+// items share their SMs with fewer others [Staggered prep start].
+constexpr unsigned long long kStaggerNs = 2000;
+
+// ---- the scan beside the prep [Scan beside the prep]
+// Chunks per ready counter: the scan's producer waits once per block of 4 chunks [Ready blocks].
+constexpr int kReadyBlock = 4;
+// A prep item stays within 20 chunks of the slowest scan CTA of its key head, so the scan reads q, k and the
+// workspace slot from L2 [Throttle window].
+constexpr int kThrottleChunks = 20;
+// The throttle wait is bounded: a prep item waits at most 50 us (no dependency of the prep on the scan).
+constexpr unsigned long long kThrottleNs = 50000;
+// The two V-tile CTAs of a value head run as a cluster of 2, which lands on one TPC [V-tile pairs on one TPC].
+constexpr bool kScanPairsOnTpcs = true;
+// The control block's per-SM role slots (%smid beyond them: a worker SM).
+constexpr int kCtlSmIds = 1024;
+
+// ---- wgmma scan [wgmma scan]
+constexpr int kWgStages = 3;  // shared-memory stages: chunk c + 2 streams in while chunk c runs [Bulk tensor copies]
+// Beside the prep the producer prefetches v of chunk c + 4 into L2 when it loads chunk c [v prefetch into L2].
+constexpr int kL2Ahead = 4;
+// The math warpgroup, then a producer warp, a store warp and two warps that complete the second warpgroup.
+constexpr int kScanThreads = 256;
+// Launched at 168 registers per thread; the math warpgroup takes 240 and the other 96 [Register reconfiguration].
+constexpr int kScanLaunchRegs = 168, kScanMathRegs = 240, kScanAuxRegs = 96;
+static_assert(4 * kScanMathRegs + 4 * kScanAuxRegs <= 8 * kScanLaunchRegs, "setmaxnreg: the CTA's register pool");
+
+} // namespace prefill_config
+} // namespace gdn
