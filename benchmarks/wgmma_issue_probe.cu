@@ -1,7 +1,7 @@
 // Probe of one warpgroup's wgmma issue on sm_90a: how long issuing a group of m64n64k16 (A in registers,
 // B from shared memory) holds the issuing warps, how long the group then runs, and whether dependent
 // scalar work overlaps it. The numbers behind "one warpgroup cannot hide its scalar work behind its own
-// wgmma" in benchmarks/notes_prefill_v6_v8.md (v8). Build and run on an H100:
+// wgmma" (docs/performance.md, One warpgroup's wgmma issue). Build and run on an H100:
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a benchmarks/wgmma_issue_probe.cu -o /tmp/p && /tmp/p
 // Per line (clock64 of thread 0, second launch): cycles to issue group A (NA instructions, one
 // accumulator), then ALU dependent FMAs, then to issue one more HGMMA into another accumulator (B), then

@@ -97,7 +97,8 @@ sanitize() {
   local rc=$?
   cat "$log" >> "$out/sanitizer.log"
   local n
-  n=$(grep -Eo "(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+ [a-z]+( displayed)?( \([^)]*\))?" "$log" | tail -1)
+  n=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$log" | grep -v "not printed" \
+    | grep -Eo "(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+ [a-z]+( displayed)?( \([^)]*\))?" | tail -1)
   local verdict
   if [[ $rc -eq 0 ]]; then verdict="clean"
   elif [[ $rc -eq 99 ]]; then verdict="reports errors"

@@ -164,6 +164,8 @@ __device__ __forceinline__ void wgScanStoreO(GdnPrefillParams const& p, uint32_t
         {
             if (lane == 0)
             {
+                // (initcheck does not count bulk stores as writes: it reports later reads of these rows,
+                // sync_patterns.cu mode tma_store; the GPU tests check every element is written)
                 tmaStore3d(oMap, obuf, vbase, h, bos + cc * kC, pol);
                 bulkCommit();
                 bulkWaitRead();
@@ -268,6 +270,8 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
         issueSwzTileWarp<kC>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC),
             kC, kC, lane);
         issueFactors<32>(stAddr + offsetof(St, gq), ws, slot, lane);
+        // (racecheck reports these writes against the math warps' reads of the stage: it does not model the
+        // full / empty mbarrier hand-off; tests/kernels/sanitizer/sync_patterns.cu, mode mbar_cpasync)
         cpAsyncCommit();
         cpAsyncWaitAll();
         fenceProxyAsync();  // written by the generic proxy, read by wgmma
