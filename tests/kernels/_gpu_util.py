@@ -12,15 +12,15 @@ def op_attrs(gate_mode, use_qk_l2norm, scale=0.0, eps=1e-6):
     return dict(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=eps)
 
 
-def to_device(inp, io_dtype, gate_dtype):
-    """Kernel inputs on the GPU (q/k/v in the I/O dtype, gates in the gate dtype, states and A_log/dt_bias
-    in float32) and the float64 values they hold (on the GPU), for the reference."""
+def to_device(inp, io_dtype, gate_dtype, beta_dtype=None):
+    """Kernel inputs on the GPU (q/k/v in the I/O dtype, gates in the gate dtype — beta in ``beta_dtype`` when
+    given —, states and A_log/dt_bias in float32) and the float64 values they hold (on the GPU), for the reference."""
     dev, ref = {}, {}
     for n, t in inp.items():
         if n in ("q", "k", "v"):
             d = t.to(io_dtype)
         elif n in ("g", "beta"):
-            d = t.to(gate_dtype)
+            d = t.to(beta_dtype if n == "beta" and beta_dtype is not None else gate_dtype)
         elif n in _FP32_INPUTS:
             d = t.to(torch.float32)
         else:
