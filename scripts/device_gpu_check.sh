@@ -78,7 +78,9 @@ python3 -c 'import gdn_deploy.ops; import gdn_deploy.kernels as k; print("kernel
 
 if [[ $tests -eq 1 ]]; then
   # shellcheck disable=SC2086
-  step tests "${GDN_T_TESTS:-200}" python3 -m pytest tests/kernels -q -rs -p no:cacheprovider --durations=5 ${GDN_PYTEST_ARGS:-}
+  # the GPU tests and the plugin lifecycle harness (that one runs where the build found TensorRT headers: TensorRT_ROOT)
+  step tests "${GDN_T_TESTS:-200}" python3 -m pytest tests/kernels tests/plugins/test_plugin_lifecycle.py -q -rs \
+    -p no:cacheprovider --durations=5 ${GDN_PYTEST_ARGS:-}
   grep -E "passed|failed|error|skipped" "$out/tests.log" | tail -1 | sed 's/^/  tests: /' | tee -a "$summary"
 fi
 
