@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interop", choices=["com.microsoft", "onnx"], default=None,
                    help="emit LinearAttention (onnxruntime contrib op, or ONNX opset 27) instead of the gdn "
                         "custom ops: for onnxruntime-only users; prefill then needs equal-length sequences")
+    p.add_argument("--gdn-body", choices=["chunked", "token"], default="chunked",
+                   help="ONNX function body onnxruntime (or TensorRT without the plugin) runs for prefill: "
+                        "chunked (64-token chunks, batched MatMuls; default) or token (a loop over tokens, "
+                        "the plainest form of the recurrence, slow)")
     p.add_argument("--max-tokens", type=int, default=8192, metavar="N",
                    help="TensorRT profile: max packed prefill tokens (default: 8192)")
     p.add_argument("--max-seqs", type=int, default=64, metavar="N",
@@ -99,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if args.opset is not None and not 18 <= args.opset <= 27:
         raise UsageError(f"--opset {args.opset}: supported range is 18..27")
     opts = ExportOptions(precision=args.precision, graphs=parse_graphs(args.graphs), opset=args.opset,
-                         interop=args.interop, max_tokens=args.max_tokens, max_seqs=args.max_seqs,
-                         verify=not args.no_verify)
+                         interop=args.interop, gdn_body=args.gdn_body, max_tokens=args.max_tokens,
+                         max_seqs=args.max_seqs, verify=not args.no_verify)
     t0 = time.perf_counter()
     say(f"loading {args.model}")
     targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle)

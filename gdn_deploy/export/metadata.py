@@ -15,13 +15,14 @@ the model came from, and suggested TensorRT optimisation profiles::
      "dims": {"T": "packed prefill tokens", ...},
      "profiles": {"prefill": {"input_ids": {"min": [1], "opt": [2048], "max": [8192]}, ...}, "decode": {...}},
      "source": {"model": "default" | path relative to this folder, "layer": null, ...}, "opset": 18,
-     "interop": null, "config_hash": sha256 of the model's kind + config}
+     "interop": null, "gdn_body": "chunked", "config_hash": sha256 of the model's kind + config}
 
 Shapes are lists of ints and dim symbols: ``T`` (packed prefill tokens), ``N`` (prefill
 sequences; ``N+1`` for cu_seqlens), ``B`` (decode batch), ``P`` (state pool rows).
 ``file`` is what onnxruntime runs (gdn nodes with their ONNX function bodies); ``tensorrt_file`` is the
 TensorRT-ready copy (bodies removed, every gdn node marked for the plugins), absent when the graph has no gdn
 nodes (``--interop`` exports).
+``gdn_body`` is the prefill function body onnxruntime runs ("chunked" or "token"; null with ``--interop``).
 """
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def suggest_profiles(graphs: Mapping[str, Mapping[str, Any]], *, max_tokens: int
 def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, int], num_gdn_layers: int,
                    precision: str, dtypes: Mapping[str, str], graphs: Mapping[str, Mapping[str, Any]],
                    source: Mapping[str, Any], opset: int | None, interop: str | None,
-                   max_tokens: int = 8192, max_seqs: int = 64, config_hash: str | None = None) -> dict[str, Any]:
+                   max_tokens: int = 8192, max_seqs: int = 64, config_hash: str | None = None,
+                   gdn_body: str | None = None) -> dict[str, Any]:
     """Assemble the sidecar dict. ``graphs``: name -> {"file", "inputs", "outputs"[, "check"]} (tensor dicts) and
     optionally "tensorrt_file" (the TensorRT-ready copy; omitted when None)."""
     for name, g in graphs.items():
@@ -117,6 +119,7 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
         "source": dict(source),
         "opset": opset,
         "interop": interop,
+        "gdn_body": gdn_body,
         "config_hash": config_hash,
     }
 

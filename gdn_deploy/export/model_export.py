@@ -32,6 +32,7 @@ class ExportOptions:
     graphs: tuple[str, ...] = ("prefill", "decode")
     opset: int | None = None
     interop: str | None = None
+    gdn_body: str = "chunked"        # prefill function body onnxruntime runs: "chunked" or "token"
     max_tokens: int = 8192
     max_seqs: int = 64
     verify: bool = True
@@ -75,7 +76,7 @@ def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: Expor
     shapes = _dynamic_shapes(plan)
     fixed = 2 if plan.name in ("prefill", "decode_pool") else 1
     dyn = (*shapes[:fixed], tuple(shapes[fixed:]))
-    kw: dict[str, Any] = {"interop": opts.interop}
+    kw: dict[str, Any] = {"interop": opts.interop, "gdn_body": opts.gdn_body}
     if opts.opset is not None:
         kw["opset"] = opts.opset
     onnx_ops.export_program(plan.module, tuple(feed.values()), str(path), kwargs=None, dynamic_shapes=dyn,
@@ -157,7 +158,8 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
         kind=tgt.kind, config=tgt.config.to_dict(), heads=tgt.heads(), num_gdn_layers=len(tgt.blocks),
         precision=opts.precision, dtypes={"weights": act, "activations": act, "states": "float32"},
         graphs=graphs, source=_portable_source(tgt.source, outdir), opset=max(opsets) if opsets else opts.opset,
-        interop=opts.interop, max_tokens=opts.max_tokens, max_seqs=opts.max_seqs, config_hash=config_hash(tgt))
+        interop=opts.interop, max_tokens=opts.max_tokens, max_seqs=opts.max_seqs, config_hash=config_hash(tgt),
+        gdn_body=None if opts.interop else opts.gdn_body)
     if opts.interop:
         meta["limits"] = {"equal_length_prefill": True,
                           "why": "--interop LinearAttention has no varlen: prefill sequences must have equal lengths"}

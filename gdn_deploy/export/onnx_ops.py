@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.gdn.*)
 from ..spec import DECODE, PREFILL, SPEC, STATE_POOL, contract_error
-from .onnx_functions import MIN_OPSET, add_function_bodies
+from .onnx_functions import BODIES, DEFAULT_BODY, MIN_OPSET, add_function_bodies
 from ..onnx_nodes import gdn_nodes, stamp_plugin_attributes
 from .onnx_schemas import register_schemas
 
@@ -233,14 +233,14 @@ def _short(e: BaseException, limit: int = 1500) -> str:
 def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, *, kwargs: dict | None = None,
                    dynamic_shapes=None, input_names: Sequence[str] | None = None,
                    output_names: Sequence[str] | None = None, opset: int = 20, external_data: bool = False,
-                   interop: str | None = None, check_interop: bool = True,
+                   interop: str | None = None, check_interop: bool = True, gdn_body: str = DEFAULT_BODY,
                    extra_translations: dict[Callable, Callable] | None = None) -> onnx.ModelProto:
     """Export ``module`` (an ``nn.Module`` or ``ExportedProgram``) calling gdn ops to ONNX and save it to ``path``.
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
     ``torch.onnx.export(dynamo=True, custom_translation_table=translation_table(interop))`` ->
-    function bodies (interop None) -> ``onnx.checker`` -> save (``external_data``: weights in
-    ``<path>.data``). Returns the ModelProto (without external weights loaded when saved externally).
+    function bodies (interop None; ``gdn_body`` "chunked" or "token" picks the prefill body) ->
+    ``onnx.checker`` -> save (``external_data``: weights in ``<path>.data``). Returns the ModelProto (without external weights loaded when saved externally).
     With ``interop``, ``check_interop`` first runs ``module`` eagerly on ``args`` to check the
     interop limits (equal-length sequences) with a clear ValueError.
     """
@@ -248,6 +248,8 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         raise ValueError(f"opset: the gdn export needs ONNX opset >= {MIN_OPSET}, got {opset}")
     if interop not in INTEROP_CHOICES:
         raise ValueError(f"interop: expected one of {INTEROP_CHOICES}, got {interop!r}")
+    if gdn_body not in BODIES:
+        raise ValueError(f"gdn_body: expected one of {', '.join(BODIES)}, got {gdn_body!r}")
     if interop == "onnx" and opset < 27:
         raise ValueError(f"interop='onnx' emits the opset-27 LinearAttention; pass opset >= 27 (got {opset})")
     args, kwargs = tuple(args), dict(kwargs or {})
@@ -280,7 +282,7 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         raise RuntimeError(f"gdn export: ONNX translation failed ({type(e).__name__}): {_short(e)}") from e
     model = prog.model_proto
     if interop is None:
-        add_function_bodies(model)
+        add_function_bodies(model, gdn_body)
         stamp_plugin_attributes(model)     # TensorRT: node -> plugin (gdn namespace); onnxruntime ignores them
     elif interop == "onnx":
         from .interop import to_standard_linear_attention

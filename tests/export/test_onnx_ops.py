@@ -24,8 +24,8 @@ _ELEM = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, t
 FP32_TOL = 1e-5
 
 
-def _single_node_model(op, attrs, inp: dict, dtype) -> tuple[onnx.ModelProto, list[torch.Tensor]]:
-    """A graph with one gdn node (inputs compacted as the spec says) + function bodies."""
+def _single_node_model(op, attrs, inp: dict, dtype, body: str = "chunked") -> tuple[onnx.ModelProto, list[torch.Tensor]]:
+    """A graph with one gdn node (inputs compacted as the spec says) + function bodies (``body`` for prefill)."""
     names = op.input_names(attrs)
     feeds = [inp[n] for n in names]
     ins = [helper.make_tensor_value_info(n, _ELEM[t.dtype], [None] * t.dim()) for n, t in zip(names, feeds)]
@@ -34,7 +34,7 @@ def _single_node_model(op, attrs, inp: dict, dtype) -> tuple[onnx.ModelProto, li
     node = helper.make_node(op.name, names, [o.name for o in outs], domain=SPEC.domain, **attrs)
     model = helper.make_model(helper.make_graph([node], "one_gdn_node", ins, outs), ir_version=10,
                               opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(SPEC.domain, 1)])
-    add_function_bodies(model)
+    add_function_bodies(model, body)
     onnx.checker.check_model(model, full_check=True)
     return model, feeds
 
@@ -86,17 +86,18 @@ def test_translation_table_covers_ops():
 
 
 # ---- function bodies, op level (fast: no torch export) ------------------------------------------------
+@pytest.mark.parametrize("body", ["chunked", "token"])
 @pytest.mark.parametrize("gate_mode", [0, 1])
 @pytest.mark.parametrize("use_qk_l2norm", [0, 1])
 @pytest.mark.parametrize("heads", [(2, 2), (2, 4), (1, 4)], ids=["gva1", "gva2", "gva4"])
-def test_prefill_body_varlen_matches_reference(gen, gate_mode, use_qk_l2norm, heads):
+def test_prefill_body_varlen_matches_reference(gen, gate_mode, use_qk_l2norm, heads, body):
     Hk, Hv = heads
     seqlens = [0, 1, 37, 0, 33, 2]           # empty, single-token and multi-token sequences
     inp = make_prefill_inputs(gen, seqlens, Hk, Hv, K=16, V=32, gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm)
     attrs = PREFILL.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm,
                           scale=0.3 if gate_mode else 0.0)
     o64, s64 = call_prefill_ref(inp, **attrs)
-    model, feeds = _single_node_model(PREFILL, attrs, cast_inputs(inp, torch.float32), torch.float32)
+    model, feeds = _single_node_model(PREFILL, attrs, cast_inputs(inp, torch.float32), torch.float32, body)
     assert model.graph.node[0].overload == overload_name(PREFILL, attrs)
     o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == torch.float32 and o.shape == o64.shape and s.shape == s64.shape
@@ -105,21 +106,23 @@ def test_prefill_body_varlen_matches_reference(gen, gate_mode, use_qk_l2norm, he
     assert torch.equal(s[0], feeds[6][0]) and torch.equal(s[3], feeds[6][3])
 
 
+@pytest.mark.parametrize("body", ["chunked", "token"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_body_low_precision_io(gen, dtype):
+def test_prefill_body_low_precision_io(gen, dtype, body):
     inp = cast_inputs(make_prefill_inputs(gen, [5, 0, 20], 1, 2, K=16, V=16, gate_mode=1, use_qk_l2norm=1), dtype)
     attrs = PREFILL.attrs(gate_mode=1, use_qk_l2norm=1)
     o_ref, s_ref = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64), **attrs)
-    model, feeds = _single_node_model(PREFILL, attrs, inp, dtype)
+    model, feeds = _single_node_model(PREFILL, attrs, inp, dtype, body)
     o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == dtype and s.dtype == torch.float32
     tol = SPEC.kernel_tolerance(str(dtype).replace("torch.", ""))
     assert rel_err(o, o_ref) < tol and rel_err(s, s_ref) < FP32_TOL * 10
 
 
-def test_prefill_body_no_sequences(gen):
+@pytest.mark.parametrize("body", ["chunked", "token"])
+def test_prefill_body_no_sequences(gen, body):
     inp = cast_inputs(make_prefill_inputs(gen, [], 2, 2, K=8, V=8), torch.float32)
-    model, feeds = _single_node_model(PREFILL, PREFILL.attrs(), inp, torch.float32)
+    model, feeds = _single_node_model(PREFILL, PREFILL.attrs(), inp, torch.float32, body)
     o, s = run_onnxruntime(model, feeds).values()
     assert o.shape == (0, 2, 8) and s.shape == (0, 2, 8, 8)
 

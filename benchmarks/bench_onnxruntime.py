@@ -1,0 +1,203 @@
+"""onnxruntime prefill without plugins: the gdn function bodies vs onnxruntime's LinearAttention vs PyTorch.
+
+One run, one machine, one sequence of T tokens. For each case and T, prints the median wall time
+of a prefill call of:
+
+- ``chunked``        the exported graph with the chunked gdn function body (the default export)
+- ``token``          the same export with ``--gdn-body token`` (a loop over tokens)
+- ``com.microsoft``  ``--interop com.microsoft``: onnxruntime's native contrib ``LinearAttention`` kernel
+- ``torch``          the PyTorch module itself (the gdn ops' chunked reference on CPU, the CUDA kernels on GPU)
+
+The variants are timed round-robin (one call of each per round, ``--reps`` rounds after a warm-up
+call), so a busy machine slows them alike. ``--check`` adds each run's norm-relative error against
+the same computation in float64 (first output, and the last output: the final recurrent state).
+
+Cases:
+
+- ``default``        prefill.onnx of the bundled tiny LM (2 GDN layers, Hk=1 Hv=2 K=V=64, plus
+                     embeddings, MLPs, LM head), what ``gdn-export`` writes
+- ``qwen3next``      prefill.onnx of one GDN block at Qwen3-Next shapes (hidden 2048, Hk=16, Hv=32,
+                     K=V=128; random init)
+- ``op-default``, ``op-qwen3next``   the gdn prefill op alone (raw gates, L2 norm) at those head shapes
+
+    python benchmarks/bench_onnxruntime.py [--cases default,qwen3next,op-default,op-qwen3next]
+        [--tokens 1024,4096,16384] [--runs chunked,token,com.microsoft,torch] [--reps 5]
+        [--threads N] [--provider cpu|cuda] [--check] [--out DIR]
+
+``--provider cuda`` runs onnxruntime with the CUDA execution provider (onnxruntime-gpu) and the
+torch column on the GPU. ``--out DIR`` writes ``bench_onnxruntime.json`` there.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gdn_deploy.export.model_export import (ExportOptions, ExportTarget, example_feed, export_model,  # noqa: E402
+                                            graph_plan, load_targets)
+from gdn_deploy.export.onnx_ops import export_program, run_onnxruntime  # noqa: E402
+from gdn_deploy.model import GDNBlock, GDNConfig  # noqa: E402
+
+RUNS = ("chunked", "token", "com.microsoft", "torch")
+CASES = ("default", "qwen3next", "op-default", "op-qwen3next")
+QWEN3_NEXT = dict(hidden_size=2048, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                  conv_kernel_size=4)
+OP_HEADS = {"op-default": (1, 2, 64, 64), "op-qwen3next": (16, 32, 128, 128)}   # Hk, Hv, K, V
+
+
+class PrefillOp(torch.nn.Module):
+    """The gdn prefill op with Qwen3-Next's attributes (raw gates, L2 norm of q and k)."""
+
+    def forward(self, q, k, v, a, b, cu_seqlens, initial_state, A_log, dt_bias):
+        return torch.ops.gdn.prefill(q, k, v, a, b, cu_seqlens, initial_state, A_log, dt_bias,
+                                     gate_mode=1, use_qk_l2norm=1)
+
+
+class Case:
+    """A module, its example inputs for T tokens, and how to export it for one run."""
+
+    def __init__(self, name: str):
+        self.name = name
+        if name in OP_HEADS:
+            self.module, self.target = PrefillOp(), None
+        elif name == "default":
+            self.target = load_targets("default")[0]
+            self.module = graph_plan(self.target, "prefill").module
+        elif name == "qwen3next":
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                block = GDNBlock(GDNConfig(**QWEN3_NEXT))
+                block.reset_parameters()
+            self.target = ExportTarget(block.eval(), "block", {"model": "qwen3next-shapes"})
+            self.module = graph_plan(self.target, "prefill").module
+        else:
+            raise SystemExit(f"bench_onnxruntime: unknown case {name!r} (expected some of {', '.join(CASES)})")
+
+    def feed(self, tokens: int, seed: int) -> list[torch.Tensor]:
+        if self.target is not None:
+            return list(example_feed(self.target, "prefill", tokens=tokens, seqs=1, seed=seed).values())
+        Hk, Hv, K, V = OP_HEADS[self.name]
+        gen = torch.Generator().manual_seed(seed)
+        r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+        return [r(tokens, Hk, K), r(tokens, Hk, K), r(tokens, Hv, V), r(tokens, Hv), r(tokens, Hv),
+                torch.tensor([0, tokens], dtype=torch.int32), 0.1 * r(1, Hv, K, V),
+                torch.rand(Hv, generator=gen) * 2 - 1, torch.rand(Hv, generator=gen) * 2 - 1]
+
+    def export(self, run: str, outdir: Path) -> Path:
+        interop = "com.microsoft" if run == "com.microsoft" else None
+        body = run if run in ("chunked", "token") else "chunked"
+        outdir.mkdir(parents=True, exist_ok=True)
+        if self.target is not None:
+            export_model(self.target, outdir, ExportOptions(graphs=("prefill",), verify=False, interop=interop,
+                                                            gdn_body=body))
+            return outdir / "prefill.onnx"
+        path = outdir / "prefill_op.onnx"
+        dims = [{0: "T"}] * 5 + [None, None, None, None]
+        export_program(self.module, self.feed(128, 0), path, dynamic_shapes=dims, interop=interop, gdn_body=body)
+        return path
+
+
+def session(path: Path, threads: int, provider: str):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    return ort.InferenceSession(str(path), so, providers=providers)
+
+
+def round_robin(calls: dict[str, Callable[[], list]], reps: int) -> dict[str, tuple[float, list]]:
+    """Median seconds per call and the last outputs; one warm-up call each, then ``reps`` rounds."""
+    outs = {r: f() for r, f in calls.items()}
+    times: dict[str, list[float]] = {r: [] for r in calls}
+    for _ in range(reps):
+        for r, f in calls.items():
+            t0 = time.perf_counter()
+            outs[r] = f()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[r].append(time.perf_counter() - t0)
+    return {r: (statistics.median(times[r]), outs[r]) for r in calls}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--tokens", default="1024,4096,16384")
+    ap.add_argument("--runs", default=",".join(RUNS))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
+    ap.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--check", action="store_true", help="errors vs the same computation in float64")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    runs = [r for r in args.runs.split(",") if r]
+    bad = [r for r in runs if r not in RUNS]
+    if bad:
+        raise SystemExit(f"bench_onnxruntime: unknown run(s) {bad} (expected some of {', '.join(RUNS)})")
+    tokens = [int(t) for t in args.tokens.split(",")]
+    device = "cuda" if args.provider == "cuda" else "cpu"
+
+    import onnxruntime as ort
+    print(f"onnxruntime {ort.__version__} ({args.provider}, intra-op threads {args.threads or 'default'}), "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
+          f"median of {args.reps} round-robin rounds, one sequence")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.cases.split(","):
+            case = Case(name)
+            sessions = {r: session(case.export(r, Path(tmp) / name / r), args.threads, args.provider)
+                        for r in runs if r != "torch"}
+            module = copy.deepcopy(case.module).to(device).eval()
+            ref_module = copy.deepcopy(case.module).double() if args.check else None
+            for T in tokens:
+                feed = case.feed(T, seed=T)
+                calls = {r: (lambda s=sessions[r]: run_onnxruntime(s, feed)) for r in sessions}
+                if "torch" in runs:
+                    dev_feed = [x.to(device) for x in feed]
+
+                    def torch_call():
+                        with torch.no_grad():
+                            return list(module(*dev_feed))
+                    calls = {r: (torch_call if r == "torch" else calls[r]) for r in runs}
+                res = round_robin(calls, args.reps)
+                row, line = {"case": name, "tokens": T}, f"{name:13s} T={T:6d}"
+                ref = None
+                if ref_module is not None:
+                    with torch.no_grad():
+                        ref = list(ref_module(*[x.double() if x.is_floating_point() else x for x in feed]))
+                for r in runs:
+                    t, out = res[r]
+                    row[f"{r}_ms"] = t * 1e3
+                    line += f" | {r} {t * 1e3:8.1f} ms"
+                    if ref is not None:
+                        row[f"{r}_err"] = [rel_err(out[0], ref[0]), rel_err(out[-1], ref[-1])]
+                        line += " ({:.1e}/{:.1e})".format(*row[f"{r}_err"])
+                if "chunked_ms" in row and "token_ms" in row:
+                    line += f" | token/chunked {row['token_ms'] / row['chunked_ms']:.1f}x"
+                print(line, flush=True)
+                rows.append(row)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_onnxruntime.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
