@@ -30,8 +30,9 @@ Layout (details and measurements: docs/onnx_bodies.md):
   when keys align (an all-ones L gives entries 0 and +-1).
 - **Decays in log space**, as differences G_i - G_j <= 0 (the upper triangle masked before the Exp),
   G_C - G_j <= 0 and G_i <= 0: no Exp of a positive number for any gate strength (g = -40 per token
-  gives G = -2560 in a chunk). Exponents below EXP_FLOOR give exactly 0: float32 exp would return
-  denormals there, which slow onnxruntime's Exp ~15x and its MatMul ~150x (x86, no flush-to-zero).
+  gives G = -2560 in a chunk). Decays below e^EXP_FLOOR, and entries of T whose total decay is, are
+  exactly 0: products of small decays would otherwise reach denormal floats, which slow onnxruntime's
+  Exp ~15x and its MatMul ~150x (x86 without flush-to-zero).
 - **Padding:** g and beta of padding rows are 0, so padding adds nothing to the state; its q, k, v
   rows are copies of a real row (finite; no real row reads a later one); its o rows are not read.
   Empty sequences keep their initial state; T = 0 skips everything (an If).
@@ -49,7 +50,7 @@ from .onnx_graph import FLOAT, INT64, GraphBuilder, prepare_inputs, value_info
 __all__ = ["chunked_prefill_body", "packing_model", "CHUNK", "LANE_STEP_OVERHEAD"]
 
 CHUNK = SPEC.chunk_size
-EXP_FLOOR = -60.0         # exp(x) for x below this is taken as exactly 0 (relative change <= e^-60 ~ 1e-26)
+EXP_FLOOR = -20.0         # decay factors exp(x) below e^-20 ~ 2e-9 are taken as exactly 0 (no denormals)
 _SMALL_PRODUCT = 4        # block products of size <= this are elementwise (a MatMul per 2x2 block is slower)
 _CAPACITY_FACTORS = tuple(2 ** i for i in range(24))   # lane capacities tried: longest sequence * 2^i
 LANE_STEP_OVERHEAD = 0.5  # cost of a Scan step without work, in units of one lane's chunk
@@ -82,9 +83,9 @@ def _cumsum_i64(b: GraphBuilder, x: str, axis: int, exclusive: int = 0) -> str:
 def _decay(b: GraphBuilder, x: str, hint: str = "decay") -> str:
     """exp(x) for log decays x, exactly 0 where x < EXP_FLOOR.
 
-    Below about -87 float32 exp results are denormal, and denormal operands make onnxruntime's
-    Exp ~15x and its MatMul ~150x slower (x86 without flush-to-zero); strong gates reach such
-    exponents all the time (g = -40 per token). Zeroing them changes nothing visible in fp32."""
+    Float32 exp gives denormals below about -87, and products of a few small decays land there too;
+    denormal operands make onnxruntime's Exp ~15x and its MatMul ~150x slower (x86 without
+    flush-to-zero). A dropped term is below e^EXP_FLOOR ~ 2e-9 of the unit term of its row."""
     floor = b.scalar_f(EXP_FLOOR)
     return b("Where", b("GreaterOrEqual", x, floor), b("Exp", b("Max", x, floor)), b.scalar_f(0.0), hint=hint)
 
@@ -93,8 +94,8 @@ def _decay_matrix(b: GraphBuilder, x: str, upper_bias: str | None = None, hint: 
     """exp(x) for a large tensor of log decays x <= 0 in cheap passes: relu(exp(max(x, floor)) - e^floor).
 
     Terms below e^EXP_FLOOR come out as exactly 0 (no denormals, see :func:`_decay`); every other
-    term is lowered by e^EXP_FLOOR ~ 9e-27 in absolute value, far below float32 resolution next to
-    the diagonal terms (exp(0) = 1) every row of a decay matrix holds. ``upper_bias`` (0 on and
+    term is lowered by e^EXP_FLOOR ~ 2e-9 in absolute value, below float32 resolution next to the
+    diagonal term (exp(0) = 1) every row of a decay matrix holds. ``upper_bias`` (0 on and
     below the diagonal, a huge negative number above) masks the upper triangle to exactly 0."""
     if upper_bias is not None:
         x = b("Add", x, upper_bias)
@@ -147,7 +148,10 @@ def _triangular_inverse(b: GraphBuilder, ks: str, G: str, beta: str) -> str:
             a_inv = b_inv = b("ConstantOfShape", b("Shape", c_blk), value=helper.make_tensor("one", FLOAT, [1], [1.0]))
         else:
             a_inv, b_inv = _pair_halves(b, inv, pairs, s, (s,))               # [..., pairs, s, s]
-            off = b("Neg", _block_mm(b, _block_mm(b, b_inv, c_blk, s), a_inv, s), hint=f"off{s}")
+            # -B^-1 C A^-1, zero where the block's total decay exp(G_i - G_j) is below e^EXP_FLOOR: its
+            # entries are products of decays along paths j -> i, tiny (even denormal) floats otherwise
+            off = b("Mul", _block_mm(b, _block_mm(b, b_inv, c_blk, s), a_inv, s), b("Neg", b("Sign", decay)),
+                    hint=f"off{s}")
         top = b("Concat", a_inv, _zeros(b, b("Shape", a_inv)), axis=-1)
         bottom = b("Concat", off, b_inv, axis=-1)
         inv = b("Concat", top, bottom, axis=-2, hint=f"inv_{2 * s}")                 # [..., pairs, 2s, 2s]

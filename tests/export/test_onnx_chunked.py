@@ -212,7 +212,7 @@ TENSORRT_PARSER_OPS = {
     "Exp", "Expand", "Gather", "GatherND", "Greater", "GreaterOrEqual", "Identity", "If", "Less", "Loop", "MatMul",
     "Max", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Range", "Reciprocal", "ReduceMax", "ReduceSum", "Relu",
     "Reshape", "Scan", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Size", "Slice", "Softplus", "Split",
-    "Sqrt", "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where"}
+    "Sign", "Sqrt", "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where"}
 
 
 @pytest.mark.parametrize("gate_mode", [0, 1])
