@@ -9,7 +9,8 @@ of a prefill call of:
 - ``torch``          the PyTorch module itself (the gdn ops' chunked reference on CPU, the CUDA kernels on GPU)
 
 The variants are timed round-robin (one call of each per round, ``--reps`` rounds after a warm-up
-call), so a busy machine slows them alike. ``--check`` adds each run's norm-relative error against
+call), so a busy machine slows them alike; onnxruntime's idle threads do not spin (``--spin`` to let
+them), or they would take the CPU from the torch call that follows. ``--check`` adds each run's norm-relative error against
 the same computation in float64 (first output, and the last output: the final recurrent state).
 
 Cases:
@@ -22,7 +23,7 @@ Cases:
 
     python benchmarks/bench_onnxruntime.py [--cases default,qwen3next,op-default,op-qwen3next]
         [--tokens 1024,4096,16384] [--runs chunked,token,com.microsoft,torch] [--reps 5]
-        [--threads N] [--provider cpu|cuda] [--check] [--out DIR]
+        [--threads N] [--provider cpu|cuda] [--spin] [--check] [--out DIR]
 
 ``--provider cuda`` runs onnxruntime with the CUDA execution provider (onnxruntime-gpu) and the
 torch column on the GPU. ``--out DIR`` writes ``bench_onnxruntime.json`` there.
@@ -44,9 +45,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gdn_deploy.export.model_export import (ExportOptions, ExportTarget, example_feed, export_model,  # noqa: E402
-                                            graph_plan, load_targets)
-from gdn_deploy.export.onnx_ops import export_program, run_onnxruntime  # noqa: E402
+from gdn_deploy.export.graphs import example_feed, graph_plan  # noqa: E402
+from gdn_deploy.export.loading import load_targets  # noqa: E402
+from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
+from gdn_deploy.export.onnx_ops import export_program  # noqa: E402
+from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
+from gdn_deploy.export.targets import ExportTarget  # noqa: E402
 from gdn_deploy.model import GDNBlock, GDNConfig  # noqa: E402
 
 RUNS = ("chunked", "token", "com.microsoft", "torch")
@@ -108,11 +112,13 @@ class Case:
         return path
 
 
-def session(path: Path, threads: int, provider: str):
+def session(path: Path, threads: int, provider: str, spin: bool):
     import onnxruntime as ort
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
+    if not spin:      # idle onnxruntime threads would otherwise busy-wait beside the next (torch) call
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
     return ort.InferenceSession(str(path), so, providers=providers)
 
@@ -142,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="1024,4096,16384")
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads of onnxruntime (intra-op) and torch (0: their defaults, one per core)")
     ap.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--spin", action="store_true",
+                    help="let onnxruntime's idle threads spin (its default; they then take CPU from the torch calls)")
     ap.add_argument("--check", action="store_true", help="errors vs the same computation in float64")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -152,23 +161,26 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"bench_onnxruntime: unknown run(s) {bad} (expected some of {', '.join(RUNS)})")
     tokens = [int(t) for t in args.tokens.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = "cuda" if args.provider == "cuda" else "cpu"
 
     import onnxruntime as ort
-    print(f"onnxruntime {ort.__version__} ({args.provider}, intra-op threads {args.threads or 'default'}), "
+    print(f"onnxruntime {ort.__version__} ({args.provider}, intra-op threads {args.threads or 'default'}, "
+          f"spinning {'on' if args.spin else 'off'}), "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
           f"median of {args.reps} round-robin rounds, one sequence")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cases.split(","):
             case = Case(name)
-            sessions = {r: session(case.export(r, Path(tmp) / name / r), args.threads, args.provider)
+            sessions = {r: session(case.export(r, Path(tmp) / name / r), args.threads, args.provider, args.spin)
                         for r in runs if r != "torch"}
             module = copy.deepcopy(case.module).to(device).eval()
             ref_module = copy.deepcopy(case.module).double() if args.check else None
             for T in tokens:
                 feed = case.feed(T, seed=T)
-                calls = {r: (lambda s=sessions[r]: run_onnxruntime(s, feed)) for r in sessions}
+                calls = {r: (lambda s=sessions[r]: list(run_onnxruntime(s, feed).values())) for r in sessions}
                 if "torch" in runs:
                     dev_feed = [x.to(device) for x in feed]
 

@@ -16,7 +16,7 @@ from conftest import (call_decode_ref, call_prefill_ref, cast_inputs, make_decod
 from gdn_deploy.export.onnx_chunked import packing_model  # noqa: E402
 from gdn_deploy.export.onnx_functions import (BODY_METADATA_KEY, add_function_bodies, function_body,  # noqa: E402
                                               make_function)
-from gdn_deploy.export.onnx_ops import run_onnxruntime  # noqa: E402
+from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import DECODE, PREFILL, SPEC  # noqa: E402
 
 _ELEM = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16,
@@ -42,7 +42,7 @@ def _model(op, attrs, inp: dict, dtype, body="chunked", opset=20):
 
 def _run_prefill(inp, attrs, dtype=torch.float32, body="chunked", opset=20):
     model, feeds = _model(PREFILL, attrs, cast_inputs(inp, dtype), dtype, body, opset)
-    o, s = run_onnxruntime(model, feeds)
+    o, s = run_onnxruntime(model, feeds).values()
     return o, s, feeds
 
 
@@ -112,7 +112,7 @@ def test_low_precision_io(gen, dtype):
     attrs = PREFILL.attrs(gate_mode=1, use_qk_l2norm=1)
     o_ref, s_ref = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64), **attrs)
     model, feeds = _model(PREFILL, attrs, inp, dtype)
-    o, s = run_onnxruntime(model, feeds)
+    o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == dtype and s.dtype == torch.float32
     assert rel_err(o, o_ref) < SPEC.kernel_tolerance(str(dtype).replace("torch.", "")) and rel_err(s, s_ref) < FP32_TOL
 
@@ -182,7 +182,7 @@ def test_body_choice_is_recorded_and_token_body_agrees(gen):
         assert function_body(model) == body
         assert [p.value for p in model.metadata_props if p.key == BODY_METADATA_KEY] == [body]
         assert body in model.functions[0].doc_string
-        o, s = run_onnxruntime(model, feeds)
+        o, s = run_onnxruntime(model, feeds).values()
         assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
     with pytest.raises(ValueError, match="body: expected one of chunked, token"):
         add_function_bodies(model, "scan")
@@ -234,5 +234,5 @@ def test_decode_body_is_one_step(gen, state_mode):
     io = cast_inputs(inp, torch.float32)
     o_ref, s_ref = call_decode_ref(inp, **attrs)
     model, feeds = _model(DECODE, attrs, io, torch.float32)
-    o, s = run_onnxruntime(model, feeds)
+    o, s = run_onnxruntime(model, feeds).values()
     assert rel_err(o, o_ref) < FP32_TOL and rel_err(s, s_ref) < FP32_TOL
