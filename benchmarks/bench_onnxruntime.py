@@ -8,10 +8,11 @@ of a prefill call of:
 - ``com.microsoft``  ``--interop com.microsoft``: onnxruntime's native contrib ``LinearAttention`` kernel
 - ``torch``          the PyTorch module itself (the gdn ops' chunked reference on CPU, the CUDA kernels on GPU)
 
-The variants are timed round-robin (one call of each per round, ``--reps`` rounds after a warm-up
-call), so a busy machine slows them alike; onnxruntime's idle threads do not spin (``--spin`` to let
-them), or they would take the CPU from the torch call that follows. ``--check`` adds each run's norm-relative error against
-the same computation in float64 (first output, and the last output: the final recurrent state).
+Each variant is timed on its own (one warm-up call, then ``--reps`` calls; one onnxruntime session
+alive at a time: the Qwen3-Next block's sessions at 16K tokens take ~6 GB each). onnxruntime's idle
+threads do not spin (``--spin`` to let them; spinning threads take CPU from whatever runs next). ``--check`` adds each run's
+norm-relative error against the same computation in float64 (first output, and the last output: the
+final recurrent state).
 
 Cases:
 
@@ -123,18 +124,17 @@ def session(path: Path, threads: int, provider: str, spin: bool):
     return ort.InferenceSession(str(path), so, providers=providers)
 
 
-def round_robin(calls: dict[str, Callable[[], list]], reps: int) -> dict[str, tuple[float, list]]:
-    """Median seconds per call and the last outputs; one warm-up call each, then ``reps`` rounds."""
-    outs = {r: f() for r, f in calls.items()}
-    times: dict[str, list[float]] = {r: [] for r in calls}
+def timed(call: Callable[[], list], reps: int) -> tuple[float, list]:
+    """Median seconds of ``reps`` calls after one warm-up call, and the last outputs."""
+    out = call()
+    times = []
     for _ in range(reps):
-        for r, f in calls.items():
-            t0 = time.perf_counter()
-            outs[r] = f()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times[r].append(time.perf_counter() - t0)
-    return {r: (statistics.median(times[r]), outs[r]) for r in calls}
+        t0 = time.perf_counter()
+        out = call()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -169,38 +169,52 @@ def main(argv: list[str] | None = None) -> int:
     print(f"onnxruntime {ort.__version__} ({args.provider}, intra-op threads {args.threads or 'default'}, "
           f"spinning {'on' if args.spin else 'off'}), "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
-          f"median of {args.reps} round-robin rounds, one sequence")
+          f"median of {args.reps} calls, one sequence")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cases.split(","):
             case = Case(name)
-            sessions = {r: session(case.export(r, Path(tmp) / name / r), args.threads, args.provider, args.spin)
-                        for r in runs if r != "torch"}
-            module = copy.deepcopy(case.module).to(device).eval()
-            ref_module = copy.deepcopy(case.module).double() if args.check else None
-            for T in tokens:
-                feed = case.feed(T, seed=T)
-                calls = {r: (lambda s=sessions[r]: list(run_onnxruntime(s, feed).values())) for r in sessions}
-                if "torch" in runs:
-                    dev_feed = [x.to(device) for x in feed]
+            feeds = {T: case.feed(T, seed=T) for T in tokens}
+            results: dict[tuple[str, int], tuple[float, list[float] | None]] = {}
+            refs = {}
+            if args.check:
+                ref_module = copy.deepcopy(case.module).double()
+                with torch.no_grad():
+                    for T, feed in feeds.items():
+                        outs = ref_module(*[x.double() if x.is_floating_point() else x for x in feed])
+                        refs[T] = (outs[0], outs[-1])
+                del ref_module
+            for r in runs:            # one runtime at a time: a big case's sessions do not fit in memory together
+                if r == "torch":
+                    module = copy.deepcopy(case.module).to(device).eval()
 
-                    def torch_call():
-                        with torch.no_grad():
-                            return list(module(*dev_feed))
-                    calls = {r: (torch_call if r == "torch" else calls[r]) for r in runs}
-                res = round_robin(calls, args.reps)
+                    def make_call(feed):
+                        dev_feed = [x.to(device) for x in feed]
+
+                        def call():
+                            with torch.no_grad():
+                                return [o.cpu() for o in module(*dev_feed)]
+                        return call
+                else:
+                    sess = session(case.export(r, Path(tmp) / name / r), args.threads, args.provider, args.spin)
+
+                    def make_call(feed, sess=sess):
+                        return lambda: list(run_onnxruntime(sess, feed).values())
+                for T, feed in feeds.items():
+                    t, out = timed(make_call(feed), args.reps)
+                    err = [rel_err(out[0], refs[T][0]), rel_err(out[-1], refs[T][1])] if args.check else None
+                    results[(r, T)] = (t, err)
+                    del out
+                module = sess = None
+            for T in tokens:
                 row, line = {"case": name, "tokens": T}, f"{name:13s} T={T:6d}"
-                ref = None
-                if ref_module is not None:
-                    with torch.no_grad():
-                        ref = list(ref_module(*[x.double() if x.is_floating_point() else x for x in feed]))
                 for r in runs:
-                    t, out = res[r]
+                    t, err = results[(r, T)]
                     row[f"{r}_ms"] = t * 1e3
                     line += f" | {r} {t * 1e3:8.1f} ms"
-                    if ref is not None:
-                        row[f"{r}_err"] = [rel_err(out[0], ref[0]), rel_err(out[-1], ref[-1])]
-                        line += " ({:.1e}/{:.1e})".format(*row[f"{r}_err"])
+                    if err is not None:
+                        row[f"{r}_err"] = err
+                        line += " ({:.1e}/{:.1e})".format(*err)
                 if "chunked_ms" in row and "token_ms" in row:
                     line += f" | token/chunked {row['token_ms'] / row['chunked_ms']:.1f}x"
                 print(line, flush=True)

@@ -192,7 +192,8 @@ class _Layout:
                             hint="slot_token")                                           # padding -> T (zero row)
 
         # a lane starts sequence n at step lane_start[n]: reset its state to h0[n] there (0 = no reset)
-        ne_at = _stack2(b, b("Gather", self.lane_start, self.ne_ids, axis=0), b("Gather", self.lane, self.ne_ids, axis=0))
+        ne_at = _stack2(b, b("Gather", self.lane_start, self.ne_ids, axis=0),
+                        b("Gather", self.lane, self.ne_ids, axis=0))
         self.reset = b("ScatterND", _zeros(b, self.grid, INT64), ne_at, b("Add", self.ne_ids, one), hint="reset_seq")
         self._finals(b)
 
@@ -216,7 +217,8 @@ class _Layout:
         body = helper.make_graph(lb.nodes, "gdn_pack_lanes",
                                  [value_info(it, 0, INT64), value_info(cond, 0, TensorProto.BOOL),
                                   value_info(lane, 1, INT64), value_info(fill, 1, INT64)],
-                                 [value_info(outs[0], 0, TensorProto.BOOL)] + [value_info(o, 1, INT64) for o in outs[1:]])
+                                 [value_info(outs[0], 0, TensorProto.BOOL)]
+                                 + [value_info(o, 1, INT64) for o in outs[1:]])
         zeros = _zeros(b, b.ints(n_caps), INT64)
         last_lane, _, lanes_nc, starts_nc = b("Loop", self.n_seq, "", zeros, zeros, n_out=4, body=body)
         per_seq = b("Concat", _vec(b, self.n_seq), b.ints(n_caps), axis=0)
@@ -237,7 +239,8 @@ class _Layout:
         """Which sequences end before their lane does (their final state is saved in the Scan), and where."""
         one = b.scalar_i64(1)
         fill_end = b("Add", self.lane_start, self.nchunks, hint="fill_end")
-        next_lane = b("Concat", b("Slice", self.lane, b.ints(1), b.ints(1 << 62), b.ints(0)), _vec(b, self.lanes), axis=0)
+        next_lane = b("Concat", b("Slice", self.lane, b.ints(1), b.ints(1 << 62), b.ints(0)), _vec(b, self.lanes),
+                      axis=0)
         tail = b("Squeeze", b("NonZero", b("Cast", b("Not", b("Equal", next_lane, self.lane)), to=FLOAT)), b.ints(0),
                  hint="lane_tail")                                                        # last sequence of each lane
         lane_fill = b("Gather", b("Gather", fill_end, tail, axis=0), self.lane, axis=0, hint="lane_fill")
@@ -250,7 +253,8 @@ class _Layout:
         hits = b("ScatterND", _zeros(b, self.grid, INT64), at, ones_ev, hint="ev_grid")  # [steps, L] 0/1
         rank_grid = _cumsum_i64(b, hits, 1, exclusive=1)
         per_step = b("ReduceSum", hits, b.ints(1), keepdims=0)
-        self.saved_per_step = b("ReduceMax", b("Concat", b.ints(0), per_step, axis=0), keepdims=0, hint="saved_per_step")
+        self.saved_per_step = b("ReduceMax", b("Concat", b.ints(0), per_step, axis=0), keepdims=0,
+                                hint="saved_per_step")
         ev_rank = b("GatherND", rank_grid, at)
         table_shape = b("Concat", _vec(b, self.steps), _vec(b, self.saved_per_step), axis=0)
         self.save_lane = b("ScatterND", _zeros(b, table_shape, INT64), _stack2(b, ev_step, ev_rank), ev_lane,

@@ -86,7 +86,8 @@ def _token_prefill_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, A
     s_in, q_t, k_t, v_t, eg_t, b_t = (sb.name(n) for n in ("S", "q_t", "k_t", "v_t", "eg_t", "b_t"))
     o_t, s_out = _delta_step(sb, s_in, q_t, k_t, v_t, eg_t, b_t)
     s_out = sb("Identity", s_out, hint="S_carry")
-    scan_body = helper.make_graph(sb.nodes, "gdn_token_step", [value_info(x, r) for x, r in ((s_in, 3), (q_t, 2), (k_t, 2), (v_t, 2), (eg_t, 1), (b_t, 1))],
+    step_ins = ((s_in, 3), (q_t, 2), (k_t, 2), (v_t, 2), (eg_t, 1), (b_t, 1))
+    scan_body = helper.make_graph(sb.nodes, "gdn_token_step", [value_info(x, r) for x, r in step_ins],
                                   [value_info(s_out, 3), value_info(o_t, 2)])
 
     # Loop body: one sequence.
@@ -110,7 +111,8 @@ def _token_prefill_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, A
     o_acc2 = lb("Concat", o_acc, o_seq, axis=0, hint="o_acc_next")
     S_out = lb("Identity", S_fin, hint="S_final")
     loop_body = helper.make_graph(
-        lb.nodes, "gdn_sequence", [value_info(it, 0, TensorProto.INT64), value_info(cond_in, 0, TensorProto.BOOL), value_info(o_acc, 3)],
+        lb.nodes, "gdn_sequence",
+        [value_info(it, 0, TensorProto.INT64), value_info(cond_in, 0, TensorProto.BOOL), value_info(o_acc, 3)],
         [value_info(cond_out, 0, TensorProto.BOOL), value_info(o_acc2, 3), value_info(S_out, 3)])
     o_all, finals = b("Loop", n_seq, "", o_init, n_out=2, body=loop_body)
     # N = 0: a Loop with no iteration stacks nothing (shape [0,0,0,0]); give it h0's shape.
