@@ -1,7 +1,8 @@
 """ONNX export of the gdn ops.
 
 - :mod:`.onnx_schemas`   OpSchemas of gdn::GatedDeltaPrefill / GatedDeltaDecode from the spec
-- :mod:`.onnx_functions` model-local function bodies (standard ONNX ops) so onnxruntime runs gdn nodes
+- :mod:`.onnx_functions` model-local function bodies (standard ONNX ops) so onnxruntime runs gdn nodes: the chunked
+  prefill body of :mod:`.onnx_chunked` (default) or the token-by-token one; :mod:`.onnx_graph` builds their nodes
 - :mod:`.onnx_ops`       translation table for torch.onnx.export(dynamo=True), export_program
 - :mod:`.interop`        LinearAttention (com.microsoft / ONNX opset 27) translation for onnxruntime-only use
 - :mod:`.targets`        what gets exported (ExportTarget) and its precision;  :mod:`.loading`  MODEL -> targets
