@@ -46,8 +46,8 @@ def _as_dict(hf_config: Any) -> dict:
 def config_from_hf(hf_config: Any) -> GDNConfig:
     """GDNConfig of the Gated DeltaNet layers of a HF config (object or config.json dict).
 
-    Only the block fields are filled; the LM fields stay at their defaults (HF models are hybrids with
-    attention/MoE layers that :class:`~gdn_deploy.model.GDNLM` does not reproduce)."""
+    Only the block fields are filled; the LM fields stay at their defaults (the whole hybrid model, attention
+    and MoE layers included, is :func:`gdn_deploy.lm.hf_folder.load_hf_causal_lm`)."""
     d = _as_dict(hf_config)
     missing = [f for f in _HF_FIELDS if f not in d]
     if missing:

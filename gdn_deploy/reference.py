@@ -2,6 +2,8 @@
 
 Inputs follow ``gdn_ops.json``: packed token-major ``[T, H, D]`` with ``cu_seqlens``
 for prefill, one token per sequence for decode, state ``[N, Hv, K, V]`` float32.
+Precomputed gates (gate_mode 0) take g <= 0 and beta in [0, 2] (beta > 1: OLMo-Hybrid's
+negative-eigenvalue delta rule); both forms compute the same update for any beta.
 Arithmetic runs in float32, or in float64 when any floating input is float64 (or
 ``compute_dtype=torch.float64`` is given), which makes this the ground truth the
 CUDA kernels and the ONNX function bodies are compared with.

@@ -103,6 +103,53 @@ def test_chunked_equals_recurrent_adversarial_gates(gen, kind, beta_kind):
             assert rel_err(s[n], want) < EXACT
 
 
+@pytest.mark.parametrize("gates", ["strong", "weak"])
+@pytest.mark.parametrize("beta_kind", ["uniform_0_2", "two", "olmo_sigmoid"])
+def test_chunked_equals_recurrent_beta_up_to_two(gen, gates, beta_kind):
+    """The contract's beta range [0, 2] (OLMo-Hybrid's negative eigenvalues): both float64 forms agree, the state
+    stays bounded, and beta = 2 with g = 0 reflects the state along a unit key (S <- (I - 2 k k^T) S)."""
+    lens = [1, 63, 64, 65, 200]
+    g_range = (-3.0, -0.5) if gates == "strong" else (-0.01, 0.0)
+    inp = make_prefill_inputs(gen, lens, Hk=2, Hv=4, K=16, V=8, use_qk_l2norm=1, g_range=g_range,
+                              beta_range=(0.0, 2.0))
+    T = sum(lens)
+    if beta_kind == "two":
+        inp["beta"] = torch.full((T, 4), 2.0, dtype=torch.float64)
+    elif beta_kind == "olmo_sigmoid":
+        inp["beta"] = 2.0 * torch.sigmoid(3 * torch.randn(T, 4, generator=gen, dtype=torch.float64))
+    assert float(inp["beta"].max()) > 1.5
+    o, s = assert_forms_agree(inp, use_qk_l2norm=1)
+    assert float(s.abs().max()) < 1e3 and float(o.abs().max()) < 1e3
+    # decode == the last token of a prefill, with beta > 1
+    cu = inp["cu_seqlens"].tolist()
+    n = 4
+    last = slice(cu[n + 1] - 1, cu[n + 1])
+    pre = {k: (v[cu[n]:cu[n + 1] - 1] if k in ("q", "k", "v", "g", "beta") else v) for k, v in inp.items()}
+    pre["cu_seqlens"] = torch.tensor([0, cu[n + 1] - 1 - cu[n]], dtype=torch.int32)
+    pre["initial_state"] = inp["initial_state"][n:n + 1]
+    _, s_mid = call_prefill_ref(pre, use_qk_l2norm=1)
+    dec = dict(q=inp["q"][last], k=inp["k"][last], v=inp["v"][last], g=inp["g"][last], beta=inp["beta"][last],
+               state=s_mid)
+    o_d, s_d = call_decode_ref(dec, use_qk_l2norm=1)
+    assert rel_err(o_d[0], o[last][0]) < EXACT and rel_err(s_d[0], s[n]) < EXACT
+
+
+def test_beta_two_reflects_the_state(gen):
+    K, V = 8, 4
+    k = torch.randn(1, 1, K, generator=gen, dtype=torch.float64)
+    k = k / k.norm()
+    S = torch.randn(1, K, V, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 1, K, generator=gen, dtype=torch.float64)
+    v = torch.zeros(1, 1, V, dtype=torch.float64)
+    g, beta = torch.zeros(1, 1, dtype=torch.float64), torch.full((1, 1), 2.0, dtype=torch.float64)
+    _, S1 = recurrent_scan(q, k, v, g, beta, S)
+    kk = k[0, 0]
+    want = (torch.eye(K, dtype=torch.float64) - 2 * kk[:, None] * kk[None, :]) @ S[0]
+    assert rel_err(S1[0], want) < EXACT
+    _, S2 = chunked_scan(q, k, v, g, beta, S)
+    assert rel_err(S2[0], want) < EXACT
+
+
 def test_beta_one_no_decay_overwrites(gen):
     """beta = 1, g = 0, unit keys: after writing v at key k, reading with q = k returns v exactly."""
     K, V = 8, 5

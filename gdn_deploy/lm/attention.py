@@ -1,0 +1,194 @@
+"""Full-attention layer of the hybrid models: GQA with optional output gate, q/k RMSNorm and partial RoPE.
+
+Parameter names equal the HF modules (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm``, ``k_norm``):
+
+- Qwen3-Next / Qwen3.5 (``output_gate=True``, ``qk_norm="head"``): ``q_proj`` gives ``[query | gate]`` per head
+  (2 * head_dim each), q and k are RMS-normed per head (zero-centred weights), RoPE rotates the first
+  ``rotary_dim = head_dim * partial_rotary_factor`` dims, and the attention output is multiplied by
+  ``sigmoid(gate)`` before ``o_proj``;
+- OLMo-Hybrid (``output_gate=False``, ``qk_norm="proj"``): q and k RMS-normed over the whole projection, full
+  RoPE (or none, NoPE, when the config has no rope_theta) computed in float32.
+
+Qwen3.5's interleaved multimodal RoPE (``mrope_section``) takes three position streams (t, h, w); for text they
+are equal, and then every rotary frequency sees the same position: it is this 1-D RoPE (tests/lm shows it
+against HF's rotary module).
+
+Two entry points, neither with data-dependent Python control flow (ONNX-exportable):
+
+- :meth:`Attention.prefill`: packed tokens ``[T, hidden]`` of N sequences, attention restricted to the same
+  sequence and causal (a ``[T, T]`` block-diagonal mask: O(T^2) scores); returns the output and the post-RoPE
+  keys / values ``[T, Hkv, D]`` of every token (a runtime scatters them into a decode cache);
+- :meth:`Attention.decode`: one token per sequence with a KV cache ``[B, Hkv, S, D]`` (S = capacity); the new
+  token's key/value are written at its position (``position < S``) and keys at ``j > position`` are masked.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .norms import RMSNorm, wide
+
+__all__ = ["AttentionConfig", "Attention", "rope_inv_freq", "rope_cos_sin", "apply_rope", "packed_causal_mask"]
+
+QK_NORMS = ("head", "proj", "none")
+
+
+@dataclass
+class AttentionConfig:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    bias: bool = False
+    output_gate: bool = True
+    qk_norm: str = "head"
+    norm_kind: str = "zero_centered"
+    rms_norm_eps: float = 1e-6
+    rope_theta: Optional[float] = 10000.0     # None: no rotary embedding (NoPE)
+    rotary_dim: int = 0                       # rotated dims (even, <= head_dim); 0 with rope_theta set = head_dim
+    rope_factor: float = 1.0                  # "linear" RoPE scaling: positions / factor
+    rope_fp32: bool = False                   # rotate in float32 and cast back (OLMo-Hybrid)
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "num_kv_heads", "head_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"attention {name}: expected a positive int, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"attention heads: num_attention_heads={self.num_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_kv_heads}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"attention qk_norm: expected one of {QK_NORMS}, got {self.qk_norm!r}")
+        if self.rope_theta is not None:
+            if self.rotary_dim == 0:
+                self.rotary_dim = self.head_dim
+            if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+                raise ValueError(f"attention rotary_dim: expected an even number in (0, head_dim={self.head_dim}], "
+                                 f"got {self.rotary_dim} (head_dim * partial_rotary_factor)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rope_inv_freq(theta: float, rotary_dim: int) -> Tensor:
+    """HF's default RoPE frequencies, computed the same way (float32)."""
+    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, factor: float = 1.0):
+    """cos, sin ``[R, rotary_dim]`` (float32) for int positions ``[R]``."""
+    pos = positions.to(torch.float32)
+    if factor != 1.0:
+        pos = pos / factor
+    freqs = pos[:, None] * inv_freq.to(device=positions.device, dtype=torch.float32)[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, fp32: bool) -> Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of ``x [R, H, D]`` (HF's rotate_half convention)."""
+    rd = cos.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    if fp32:
+        rot, rest = wide(x[..., :rd]), x[..., rd:]
+        out = (rot * c + _rotate_half(rot) * s).to(x.dtype)
+    else:
+        rot, rest = x[..., :rd], x[..., rd:]
+        c, s = c.to(x.dtype), s.to(x.dtype)
+        out = rot * c + _rotate_half(rot) * s
+    return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
+
+
+def packed_causal_mask(cu_seqlens: Tensor, T: int) -> Tensor:
+    """``[T, T]`` bool: token i may attend to token j (same sequence, j <= i), from int32 cu_seqlens."""
+    cu = cu_seqlens.to(torch.long)
+    tok = torch.arange(T, device=cu.device)
+    seq = (tok[:, None] >= cu[1:][None, :]).sum(1)
+    return (seq[:, None] == seq[None, :]) & (tok[None, :] <= tok[:, None])
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden_size: int, c: AttentionConfig):
+        super().__init__()
+        self.config = c
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = H, Hkv, D
+        self.scaling = D ** -0.5
+        self.q_proj = nn.Linear(hidden_size, H * D * (2 if c.output_gate else 1), bias=c.bias)
+        self.k_proj = nn.Linear(hidden_size, Hkv * D, bias=c.bias)
+        self.v_proj = nn.Linear(hidden_size, Hkv * D, bias=c.bias)
+        self.o_proj = nn.Linear(H * D, hidden_size, bias=c.bias)
+        if c.qk_norm == "head":
+            self.q_norm = RMSNorm(D, c.rms_norm_eps, c.norm_kind)
+            self.k_norm = RMSNorm(D, c.rms_norm_eps, c.norm_kind)
+        elif c.qk_norm == "proj":
+            self.q_norm = RMSNorm(H * D, c.rms_norm_eps, c.norm_kind)
+            self.k_norm = RMSNorm(Hkv * D, c.rms_norm_eps, c.norm_kind)
+        if c.rope_theta is not None:
+            self.register_buffer("inv_freq", rope_inv_freq(c.rope_theta, c.rotary_dim), persistent=False)
+
+    # ---- pieces ---------------------------------------------------------------------------------
+    def _qkv(self, x: Tensor, positions: Tensor):
+        """x [R, hidden] -> q [R, H, D], k, v [R, Hkv, D] (normed, rotated), gate [R, H*D] or None."""
+        c, R, H, Hkv, D = self.config, x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        gate = None
+        if c.output_gate:
+            qg = self.q_proj(x).reshape(R, H, 2 * D)
+            q, gate = qg[..., :D], qg[..., D:].reshape(R, H * D)
+        else:
+            q = self.q_proj(x)
+        k = self.k_proj(x)
+        if c.qk_norm == "proj":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.reshape(R, H, D), k.reshape(R, Hkv, D)
+        if c.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        v = self.v_proj(x).reshape(R, Hkv, D)
+        if c.rope_theta is not None:
+            cos, sin = rope_cos_sin(positions, self.inv_freq, c.rope_factor)
+            q, k = apply_rope(q, cos, sin, c.rope_fp32), apply_rope(k, cos, sin, c.rope_fp32)
+        return q, k, v, gate
+
+    def _out(self, o: Tensor, gate: Optional[Tensor]) -> Tensor:
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+    # ---- public API -----------------------------------------------------------------------------
+    def prefill(self, x: Tensor, positions: Tensor, mask: Tensor):
+        """x [T, hidden], positions [T] int, mask [T, T] bool (``packed_causal_mask``)
+        -> (y [T, hidden], k [T, Hkv, D], v [T, Hkv, D])."""
+        T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v, gate = self._qkv(x, positions)
+        qh = q.permute(1, 0, 2).reshape(Hkv, H // Hkv, T, D)
+        kh, vh = k.permute(1, 0, 2)[:, None], v.permute(1, 0, 2)[:, None]          # [Hkv, 1, T, D]
+        scores = torch.matmul(qh, kh.transpose(-1, -2)) * self.scaling              # [Hkv, rep, T, T]
+        scores = scores.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(wide(scores), dim=-1).to(q.dtype)
+        o = torch.matmul(p, vh).reshape(H, T, D).permute(1, 0, 2).reshape(T, H * D)
+        return self._out(o, gate), k, v
+
+    def decode(self, x: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor):
+        """x [B, hidden], positions [B] int (the new token's position = tokens already cached), caches
+        [B, Hkv, S, D] -> (y [B, hidden], k_cache, v_cache) with the new token written at its position."""
+        B, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        S = k_cache.shape[2]
+        q, k, v, gate = self._qkv(x, positions)
+        slot = torch.arange(S, device=x.device)[None, :]                           # [1, S]
+        pos = positions.to(torch.long)[:, None]                                     # [B, 1]
+        write = (slot == pos)[:, None, :, None]                                     # [B, 1, S, 1]
+        k_cache = torch.where(write, k.to(k_cache.dtype)[:, :, None, :], k_cache)
+        v_cache = torch.where(write, v.to(v_cache.dtype)[:, :, None, :], v_cache)
+        qh = q.reshape(B, Hkv, H // Hkv, D)
+        scores = torch.matmul(qh, k_cache.to(q.dtype).transpose(-1, -2)) * self.scaling   # [B, Hkv, rep, S]
+        scores = scores.masked_fill((slot > pos)[:, None, None, :], float("-inf"))
+        p = torch.softmax(wide(scores), dim=-1).to(q.dtype)
+        o = torch.matmul(p, v_cache.to(q.dtype)).reshape(B, H * D)
+        return self._out(o, gate), k_cache, v_cache

@@ -1,0 +1,126 @@
+"""Feed-forward layers: dense SwiGLU and the sparse MoE of Qwen3-Next / Qwen3.5-MoE.
+
+Parameter names and layouts equal HF transformers 5 (``gate_proj``/``up_proj``/``down_proj``; MoE: ``gate.weight
+[E, hidden]`` router, ``experts.gate_up_proj [E, 2I, hidden]`` (gate rows then up rows), ``experts.down_proj
+[E, hidden, I]``, ``shared_expert.*`` and ``shared_expert_gate.weight [1, hidden]``). Checkpoints that store one
+module per expert (``experts.{e}.gate_proj.weight`` ...) are stacked into this layout when loaded.
+
+MoE math (HF): router softmax in float32 over E experts, top-k, renormalised to sum 1 when ``norm_topk_prob``,
+cast to the model dtype; output = sum_k w_k * SwiGLU_{e_k}(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x).
+
+Three ways to compute the routed part (``SparseMoE.impl``), equal up to float summation order:
+
+- ``"routed"`` (default, eager PyTorch): each expert runs only on the tokens routed to it (k/E of the dense
+  FLOPs; data-dependent shapes, so not for export);
+- ``"gather"``: each token gathers its k experts' weights (``[R, k, 2I, hidden]``) and runs them; reads k/E of the
+  expert weights per token: the decode graph's choice;
+- ``"dense"``: every expert on every token as two GEMMs over the stacked weights, the non-selected experts
+  weighted 0 (E/k times the routed FLOPs, an ``[R, E*2I]`` intermediate): the prefill graph's choice.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .norms import wide
+
+__all__ = ["SwiGLU", "MoEConfig", "Experts", "SparseMoE", "MOE_IMPLS"]
+
+MOE_IMPLS = ("routed", "gather", "dense")
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    shared_expert_intermediate_size: int
+    norm_topk_prob: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "intermediate_size", "shared_expert_intermediate_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"MoE {name}: expected a positive int, got {v!r}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"MoE num_experts_per_tok={self.top_k} exceeds num_experts={self.num_experts}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Experts(nn.Module):
+    def __init__(self, hidden: int, c: MoEConfig):
+        super().__init__()
+        self.num_experts, self.inter = c.num_experts, c.intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(c.num_experts, 2 * c.intermediate_size, hidden))
+        self.down_proj = nn.Parameter(torch.empty(c.num_experts, hidden, c.intermediate_size))
+        nn.init.normal_(self.gate_up_proj, std=hidden ** -0.5)
+        nn.init.normal_(self.down_proj, std=c.intermediate_size ** -0.5)
+
+    def routed(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
+        out = torch.zeros_like(x)
+        for e in torch.unique(idx).tolist():           # only the experts some token chose
+            tok, slot = torch.where(idx == e)
+            g, u = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(g) * u, self.down_proj[e]) * w[tok, slot, None]
+            out.index_add_(0, tok, y.to(out.dtype))
+        return out
+
+    def gather(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
+        gu = self.gate_up_proj[idx]                                   # [R, k, 2I, hidden]
+        h = torch.matmul(gu, x[:, None, :, None]).squeeze(-1)         # [R, k, 2I]
+        g, u = h[..., :self.inter], h[..., self.inter:]
+        a = F.silu(g) * u                                             # [R, k, I]
+        y = torch.matmul(self.down_proj[idx], a[..., None]).squeeze(-1)   # [R, k, hidden]
+        return (y * w[..., None]).sum(1)
+
+    def dense(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
+        R, E, I = x.shape[0], self.num_experts, self.inter
+        full = torch.zeros(R, E, dtype=w.dtype, device=w.device).scatter(1, idx, w)      # [R, E], 0 off-route
+        h = torch.matmul(x, self.gate_up_proj.reshape(E * 2 * I, -1).t()).reshape(R, E, 2 * I)
+        a = F.silu(h[..., :I]) * h[..., I:] * full[..., None]                         # [R, E, I]
+        down = self.down_proj.permute(0, 2, 1).reshape(E * I, -1)                      # [E*I, hidden]
+        return torch.matmul(a.reshape(R, E * I), down)
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, hidden: int, c: MoEConfig):
+        super().__init__()
+        self.config = c
+        self.impl = "routed"
+        self.gate = nn.Linear(hidden, c.num_experts, bias=False)
+        self.experts = Experts(hidden, c)
+        self.shared_expert = SwiGLU(hidden, c.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def route(self, x: Tensor):
+        """x [R, hidden] -> (expert ids [R, k] int64, weights [R, k] in the model dtype)."""
+        logits = self.gate(x)
+        probs = torch.softmax(wide(logits), dim=-1)
+        w, idx = torch.topk(probs, self.config.top_k, dim=-1)
+        if self.config.norm_topk_prob:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return idx, w.to(logits.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.impl not in MOE_IMPLS:
+            raise ValueError(f"SparseMoE.impl: expected one of {MOE_IMPLS}, got {self.impl!r}")
+        idx, w = self.route(x)
+        routed = getattr(self.experts, self.impl)(x, idx, w)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return routed + shared
