@@ -131,8 +131,6 @@ class Attention(nn.Module):
         elif c.qk_norm == "proj":
             self.q_norm = RMSNorm(H * D, c.rms_norm_eps, c.norm_kind)
             self.k_norm = RMSNorm(Hkv * D, c.rms_norm_eps, c.norm_kind)
-        if c.rope_theta is not None:
-            self.register_buffer("inv_freq", rope_inv_freq(c.rope_theta, c.rotary_dim), persistent=False)
 
     # ---- pieces ---------------------------------------------------------------------------------
     def _qkv(self, x: Tensor, positions: Tensor):
@@ -152,7 +150,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         v = self.v_proj(x).reshape(R, Hkv, D)
         if c.rope_theta is not None:
-            cos, sin = rope_cos_sin(positions, self.inv_freq, c.rope_factor)
+            # the frequencies are a float32 constant made here, not a buffer: casting the model to fp16/bf16
+            # must not round them
+            cos, sin = rope_cos_sin(positions, rope_inv_freq(c.rope_theta, c.rotary_dim), c.rope_factor)
             q, k = apply_rope(q, cos, sin, c.rope_fp32), apply_rope(k, cos, sin, c.rope_fp32)
         return q, k, v, gate
 

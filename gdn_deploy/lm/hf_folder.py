@@ -22,7 +22,6 @@ from typing import Optional
 
 import torch
 
-from .attention import Attention, rope_inv_freq
 from .config import HybridConfig
 from .hf_config import UnsupportedModelError, config_from_hf_dict
 from .model import HybridLM
@@ -179,12 +178,6 @@ def _check_layer_kinds(config: HybridConfig, sd: dict, where: str) -> None:
                                   f"{held} block for it; fix layer_types or use the matching weights")
 
 
-def _materialize_buffers(model: HybridLM) -> None:
-    for m in model.modules():
-        if isinstance(m, Attention) and m.config.rope_theta is not None:
-            m.register_buffer("inv_freq", rope_inv_freq(m.config.rope_theta, m.config.rotary_dim), persistent=False)
-
-
 def load_hf_causal_lm(folder: str | Path, *, dtype: Optional[torch.dtype] = None) -> HybridLM:
     """The HybridLM of a HF folder, on the CPU, in the checkpoint's dtypes (or all floating weights in ``dtype``).
 
@@ -228,5 +221,4 @@ def load_hf_causal_lm(folder: str | Path, *, dtype: Optional[torch.dtype] = None
     if dtype is not None:
         model_sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model_sd.items()}
     model.load_state_dict(model_sd, strict=True, assign=True)
-    _materialize_buffers(model)
     return model.eval()

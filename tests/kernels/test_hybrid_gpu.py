@@ -62,8 +62,9 @@ def _prompts(gen):
 @torch.no_grad()
 def _hf_generate(hf, prompt, device):
     ids = torch.tensor([prompt], device=device)
-    out = hf.generate(ids, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW,
-                      attention_mask=torch.ones_like(ids))
+    hf.generation_config.eos_token_id = None     # no early stop, and no suppressed EOS (min_new_tokens would)
+    out = hf.generate(ids, do_sample=False, max_new_tokens=NEW, attention_mask=torch.ones_like(ids))
+    assert out.shape[1] == len(prompt) + NEW
     return out[0, len(prompt):].tolist()
 
 
