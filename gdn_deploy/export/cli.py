@@ -15,9 +15,13 @@ MODEL may be:
   model.pt                a gdn-deploy checkpoint {format, kind, config, state_dict}, read with
                           torch.load(weights_only=True): no code from the file runs
   model.safetensors       a gdn-deploy safetensors checkpoint (config in the metadata)
-  HF_FOLDER               a Hugging Face Qwen3-Next / Qwen3.5 folder (config.json + *.safetensors):
-                          its Gated DeltaNet layers are exported as blocks, one sub-folder
-                          layer_<i>/ each (or just layer I with --layer I)
+  HF_FOLDER               a Hugging Face Qwen3-Next, Qwen3.5 (text model of the multimodal
+                          folders too), Qwen3.5-MoE or OLMo-Hybrid folder (config.json +
+                          *.safetensors, single or sharded; no hub access): the whole causal LM,
+                          prefill.onnx (packed ragged prompts -> last-token logits + every layer's
+                          state) and decode.onnx (one token per sequence, states in and out; see
+                          docs/models.md); with --blocks its Gated DeltaNet layers as blocks, one
+                          sub-folder layer_<i>/ each (or just layer I with --layer I)
   pickled.pt              a whole pickled GDNLM/GDNBlock, ONLY with --allow-pickle
 
 Output (OUTDIR, default ./gdn_onnx): prefill.onnx, decode.onnx (and decode_pool.onnx) for
@@ -32,6 +36,8 @@ examples:
   gdn-export                                   # tiny default model -> ./gdn_onnx
   gdn-export model.pt -o out --precision fp16
   gdn-export model.pt --graphs prefill,decode,decode_pool --max-tokens 16384 --max-seqs 128
+  gdn-export ./Qwen3.5-0.8B -o qwen35 --precision bf16   # whole model; tokenizer.json copied along
+  python samples/decode_loop.py --model qwen35 -p "Hello" -n 32
   gdn-export ./Qwen3-Next-80B-A3B-Instruct --layer 0 -o layer0
   gdn-check out                                # the same check again, anywhere the folder is copied to
 
@@ -70,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TensorRT profile: max sequences / decode batch / pool rows (default: 64)")
     p.add_argument("--layer", type=int, default=None, metavar="I",
                    help="export only GDN layer I (of a HF folder or a GDNLM) as a block")
+    p.add_argument("--blocks", action="store_true",
+                   help="HF folder: export every GDN layer as a block (layer_<i>/) instead of the whole model")
+    p.add_argument("--all-logits", action="store_true",
+                   help="whole HF model: prefill returns every token's logits [T, vocab] (default: each "
+                        "sequence's last token, [N, vocab])")
+    p.add_argument("--max-context", type=int, default=4096, metavar="S",
+                   help="TensorRT profile: max KV-cache slots per sequence of a whole HF model (default: 4096)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow a .pt holding a whole pickled module. UNSAFE for untrusted files: "
                         "unpickling runs arbitrary code")
@@ -77,6 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the onnxruntime check of the written files (the reference files are written anyway)")
     p.add_argument("-q", "--quiet", action="store_true", help="only errors and the final summary")
     return p
+
+
+def describe_target(t) -> str:
+    """One line: what a target is (kind, sizes, layers)."""
+    cfg = t.config
+    if t.kind == "hybrid":
+        n_gdn, n_att = len(cfg.gdn_layers()), len(cfg.attention_layers())
+        moe = sum(m == "moe" for m in cfg.mlp_types)
+        return (f"{cfg.architecture or cfg.family} ({cfg.family}), hidden {cfg.hidden_size}, {cfg.num_layers} layers: "
+                f"{n_gdn} Gated DeltaNet + {n_att} attention, {moe} MoE MLPs, vocab {cfg.vocab_size}")
+    layer = t.source.get("layer")
+    return (f"{t.kind}, hidden {cfg.hidden_size}, Hk={cfg.num_k_heads} Hv={cfg.num_v_heads} K={cfg.head_k_dim} "
+            f"V={cfg.head_v_dim}, {len(t.blocks)} GDN layer(s)" + (f", HF layer {layer}" if layer is not None else ""))
 
 
 def parse_graphs(text: str) -> tuple[str, ...]:
@@ -93,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     from .loading import load_targets
     from .model_export import ExportOptions, export_model
     say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
-    if args.max_tokens < 1 or args.max_seqs < 1:
-        raise UsageError("--max-tokens and --max-seqs must be >= 1")
+    if args.max_tokens < 1 or args.max_seqs < 1 or args.max_context < 1:
+        raise UsageError("--max-tokens, --max-seqs and --max-context must be >= 1")
     if args.interop == "onnx":
         if args.opset is None:
             args.opset = 27          # the ONNX-standard LinearAttention exists from opset 27
@@ -104,19 +130,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--opset {args.opset}: supported range is 18..27")
     opts = ExportOptions(precision=args.precision, graphs=parse_graphs(args.graphs), opset=args.opset,
                          interop=args.interop, gdn_body=args.gdn_body, max_tokens=args.max_tokens,
-                         max_seqs=args.max_seqs, verify=not args.no_verify)
+                         max_seqs=args.max_seqs, verify=not args.no_verify, max_context=args.max_context,
+                         all_logits=args.all_logits)
     t0 = time.perf_counter()
     say(f"loading {args.model}")
-    targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle)
+    targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle, blocks=args.blocks)
     root = Path(args.output)
     written = []
     for t in targets:
         layer = t.source.get("layer")
         outdir = root / f"layer_{layer}" if len(targets) > 1 else root
-        cfg = t.config
-        say(f"model: {t.kind}, hidden {cfg.hidden_size}, Hk={cfg.num_k_heads} Hv={cfg.num_v_heads} "
-            f"K={cfg.head_k_dim} V={cfg.head_v_dim}, {len(t.blocks)} GDN layer(s)"
-            + (f", HF layer {layer}" if layer is not None else "") + f", precision {opts.precision}")
+        say(f"model: {describe_target(t)}, precision {opts.precision}")
         res = export_model(t, outdir, opts, log=say)
         written.append(res)
     for res in written:

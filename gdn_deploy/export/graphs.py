@@ -10,7 +10,8 @@ Graphs (``L`` = number of GDN layers, 1 for a block; ``X`` = ``input_ids [T]`` i
                    -> Y, conv_pool_out_i, rec_pool_out_i (the pools with the used rows advanced)
 
 States are float32 in every graph (the conv state holds model-dtype values, stored exactly in
-fp32); weights and activations are fp32, fp16 or bf16.
+fp32); weights and activations are fp32, fp16 or bf16. A whole hybrid LM (kind "hybrid") has its own
+prefill / decode graphs and state convention: :mod:`.hybrid_graphs`.
 """
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ class GraphPlan:
     module: nn.Module
     inputs: list[dict[str, Any]]       # {"name", "shape", "dtype"}
     outputs: list[dict[str, Any]]
+    fixed_inputs: int | None = None    # named forward() parameters before *states (None: all of them)
 
     @property
     def file(self) -> str:
@@ -103,6 +105,8 @@ class GraphPlan:
 def graph_plan(target: ExportTarget, graph: str) -> GraphPlan:
     if graph not in GRAPHS:
         raise UsageError(f"unknown graph {graph!r}: expected some of {', '.join(GRAPHS)}")
+    if target.kind == "hybrid":
+        return _hybrid_plan(target, graph)
     h = target.heads()
     act = DTYPE_NAMES[target.dtype]
     rows = {"prefill": "T", "decode": "B", "decode_pool": "B"}[graph]
@@ -127,7 +131,19 @@ def graph_plan(target: ExportTarget, graph: str) -> GraphPlan:
         outs += [{"name": f"conv_{stem}_out_{i}", "shape": conv_shape, "dtype": "float32"},
                  {"name": f"rec_{stem}_out_{i}", "shape": rec_shape, "dtype": "float32"}]
     cls = {"prefill": PrefillGraph, "decode": DecodeGraph, "decode_pool": DecodePoolGraph}[graph]
-    return GraphPlan(graph, cls(target).eval(), ins, outs)
+    return GraphPlan(graph, cls(target).eval(), ins, outs, fixed_inputs=2 if graph != "decode" else 1)
+
+
+def _hybrid_plan(target: ExportTarget, graph: str) -> GraphPlan:
+    from .hybrid_graphs import HybridDecodeGraph, HybridPrefillGraph, hybrid_io
+    if graph == "decode_pool":
+        raise UsageError("decode_pool: a whole hybrid model exports prefill and decode (its attention layers keep "
+                         "KV caches, which the state pool does not cover); leave decode_pool out of --graphs")
+    ins, outs = hybrid_io(target.module, graph, all_logits=target.all_logits)
+    if graph == "prefill":
+        return GraphPlan(graph, HybridPrefillGraph(target.module, target.all_logits).eval(), ins, outs,
+                         fixed_inputs=3)
+    return GraphPlan(graph, HybridDecodeGraph(target.module).eval(), ins, outs, fixed_inputs=2)
 
 
 def _random_cu_seqlens(tokens: int, seqs: int, gen: torch.Generator) -> Tensor:
@@ -142,6 +158,11 @@ def example_feed(target: ExportTarget, graph: str, *, tokens: int = 11, seqs: in
 
     ``equal_lengths``: prefill sequences of equal length (``tokens`` rounded down to a multiple of
     ``seqs``), what the interop ``LinearAttention`` export supports."""
+    if target.kind == "hybrid":
+        from .hybrid_graphs import hybrid_example_feed
+        graph_plan(target, graph)                 # refuses decode_pool with the usual line
+        return hybrid_example_feed(target.module, graph, tokens=tokens, seqs=seqs, batch=batch,
+                                   capacity=max(pool, 2) + 3, seed=seed, zero_states=zero_states)
     if equal_lengths and graph == "prefill":
         tokens = max(seqs, tokens - tokens % seqs)
     plan = graph_plan(target, graph)

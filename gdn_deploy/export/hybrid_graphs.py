@@ -92,24 +92,28 @@ def _flatten(layer_types, states, model_dtype) -> list[Tensor]:
 
 
 class HybridPrefillGraph(nn.Module):
+    """``moe_impl``: "dense" for export; the PyTorch runtime sets "routed"."""
+
     def __init__(self, model, all_logits: bool = False):
         super().__init__()
-        self.net, self.all_logits = model, all_logits
+        self.net, self.all_logits, self.moe_impl = model, all_logits, "dense"
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, positions: Tensor):
-        self.net.set_moe_impl("dense")
+        self.net.set_moe_impl(self.moe_impl)
         logits, states = self.net.forward_prefill(input_ids, cu_seqlens, positions=positions,
                                                   last_only=not self.all_logits)
         return (logits, *_flatten(self.net.hybrid_config.layer_types, states, self.net.dtype))
 
 
 class HybridDecodeGraph(nn.Module):
+    """``moe_impl``: "gather" for export; the PyTorch runtime sets "routed"."""
+
     def __init__(self, model):
         super().__init__()
-        self.net = model
+        self.net, self.moe_impl = model, "gather"
 
     def forward(self, input_ids: Tensor, positions: Tensor, *flat: Tensor):
-        self.net.set_moe_impl("gather")
+        self.net.set_moe_impl(self.moe_impl)
         states = list(zip(flat[0::2], flat[1::2]))
         logits, new = self.net.forward_decode(input_ids, positions, states)
         return (logits, *_flatten(self.net.hybrid_config.layer_types, new, self.net.dtype))

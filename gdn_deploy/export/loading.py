@@ -10,14 +10,15 @@ from .targets import ExportTarget, target_from_module
 __all__ = ["load_targets"]
 
 
-def load_targets(model: str = "default", *, layer: int | None = None,
-                 allow_pickle: bool = False) -> list[ExportTarget]:
+def load_targets(model: str = "default", *, layer: int | None = None, allow_pickle: bool = False,
+                 blocks: bool = False) -> list[ExportTarget]:
     """Resolve a MODEL argument into export targets.
 
     ``default`` (the bundled tiny GDNLM), a gdn-deploy ``.pt`` / ``.safetensors`` checkpoint, a HF
-    folder (config.json + safetensors; one block target per GDN layer), or, only with
-    ``allow_pickle``, a ``.pt`` holding a whole pickled GDNLM/GDNBlock (unsafe for untrusted files).
-    ``layer`` picks one GDN layer (its block) of an LM or HF folder.
+    folder (config.json + safetensors: the whole causal LM, kind "hybrid"; with ``blocks`` one block
+    target per GDN layer), or, only with ``allow_pickle``, a ``.pt`` holding a whole pickled
+    GDNLM/GDNBlock (unsafe for untrusted files). ``layer`` picks one GDN layer (its block) of an LM
+    or HF folder.
     """
     from ..checkpoint import load_checkpoint
     if model == "default":
@@ -30,18 +31,22 @@ def load_targets(model: str = "default", *, layer: int | None = None,
             raise UsageError(f"{model}: no such file or folder (give a model.pt, a .safetensors file, "
                              f"a Hugging Face model folder, or 'default')")
     if path.is_dir():
-        from ..hf import load_hf_folder
+        from ..lm.hf_folder import load_hf_causal_lm
         try:
-            blocks = load_hf_folder(path)
+            lm = load_hf_causal_lm(path)
         except (ValueError, OSError, KeyError) as e:
-            raise LoadError(f"{model}: cannot load the Hugging Face folder: {first_line(e)}") from e
+            raise LoadError(f"cannot load the Hugging Face folder: {first_line(e)}") from e
+        source = {**source, "format": "hf"}
+        if layer is None and not blocks:
+            return [ExportTarget(lm, "hybrid", {**source, "layer": None})]
+        gdn = [(i, l.linear_attn) for i, l in enumerate(lm.layers) if l.layer_type == "linear_attention"]
         if layer is not None:
-            chosen = [(i, b) for i, b in blocks if i == layer]
+            chosen = [(i, b) for i, b in gdn if i == layer]
             if not chosen:
                 raise UsageError(f"--layer {layer}: not a Gated DeltaNet layer of {model} "
-                                 f"(GDN layers: {[i for i, _ in blocks]})")
-            blocks = chosen
-        return [ExportTarget(b.eval(), "block", {**source, "format": "hf", "layer": i}) for i, b in blocks]
+                                 f"(GDN layers: {[i for i, _ in gdn]})")
+            gdn = chosen
+        return [ExportTarget(b.eval(), "block", {**source, "layer": i}) for i, b in gdn]
     try:
         module = load_checkpoint(path, allow_pickle=allow_pickle)
     except (ValueError, OSError, RuntimeError) as e:

@@ -43,6 +43,7 @@ DIM_DOCS = {
     "N": "prefill sequences (cu_seqlens has N+1 entries)",
     "B": "decode batch: sequences advanced by one token",
     "P": "rows of a state pool (decode_pool graph)",
+    "S": "decode KV-cache capacity per sequence (hybrid models' attention layers; every position < S)",
 }
 
 
@@ -64,25 +65,27 @@ def eval_dim(dim: int | str, sizes: Mapping[str, int]) -> int:
     return int(sizes[sym]) + (int(plus) if plus else 0)
 
 
-def _profile_sizes(max_tokens: int, max_seqs: int) -> dict[str, dict[str, int]]:
-    if max_tokens < 1 or max_seqs < 1:
-        raise MetadataError(f"profile limits must be >= 1 (max_tokens={max_tokens}, max_seqs={max_seqs})")
+def _profile_sizes(max_tokens: int, max_seqs: int, max_context: int = 4096) -> dict[str, dict[str, int]]:
+    if max_tokens < 1 or max_seqs < 1 or max_context < 1:
+        raise MetadataError(f"profile limits must be >= 1 (max_tokens={max_tokens}, max_seqs={max_seqs}, "
+                            f"max_context={max_context})")
     return {
-        "min": {"T": 1, "N": 1, "B": 1, "P": 1},
+        "min": {"T": 1, "N": 1, "B": 1, "P": 1, "S": 1},
         "opt": {"T": max(1, max_tokens // 4), "N": max(1, max_seqs // 4), "B": max(1, max_seqs // 4),
-                "P": max_seqs},
-        "max": {"T": max_tokens, "N": max_seqs, "B": max_seqs, "P": max_seqs},
+                "P": max_seqs, "S": max(1, max_context // 4)},
+        "max": {"T": max_tokens, "N": max_seqs, "B": max_seqs, "P": max_seqs, "S": max_context},
     }
 
 
 def suggest_profiles(graphs: Mapping[str, Mapping[str, Any]], *, max_tokens: int = 8192,
-                     max_seqs: int = 64) -> dict[str, dict[str, dict[str, list[int]]]]:
+                     max_seqs: int = 64, max_context: int = 4096) -> dict[str, dict[str, dict[str, list[int]]]]:
     """TensorRT optimisation profiles (min/opt/max shape of every graph input).
 
     Defaults: up to ``max_tokens`` packed prefill tokens in up to ``max_seqs`` sequences,
-    decode batches up to ``max_seqs``, pools of ``max_seqs`` rows; opt is a quarter of max.
+    decode batches up to ``max_seqs``, pools of ``max_seqs`` rows, KV caches of up to ``max_context``
+    slots; opt is a quarter of max.
     """
-    sizes = _profile_sizes(max_tokens, max_seqs)
+    sizes = _profile_sizes(max_tokens, max_seqs, max_context)
     out: dict[str, dict[str, dict[str, list[int]]]] = {}
     for graph, info in graphs.items():
         out[graph] = {t["name"]: {level: [eval_dim(d, sizes[level]) for d in t["shape"]]
@@ -95,7 +98,7 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
                    precision: str, dtypes: Mapping[str, str], graphs: Mapping[str, Mapping[str, Any]],
                    source: Mapping[str, Any], opset: int | None, interop: str | None,
                    max_tokens: int = 8192, max_seqs: int = 64, config_hash: str | None = None,
-                   gdn_body: str | None = None) -> dict[str, Any]:
+                   gdn_body: str | None = None, max_context: int = 4096) -> dict[str, Any]:
     """Assemble the sidecar dict. ``graphs``: name -> {"file", "inputs", "outputs"[, "check"]} (tensor dicts) and
     optionally "tensorrt_file" (the TensorRT-ready copy; omitted when None)."""
     for name, g in graphs.items():
@@ -114,8 +117,8 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
                           **({"check": dict(g["check"])} if "check" in g else {})}
                    for name, g in graphs.items()},
         "dims": dict(DIM_DOCS),
-        "profiles": suggest_profiles(graphs, max_tokens=max_tokens, max_seqs=max_seqs),
-        "profile_limits": {"max_tokens": max_tokens, "max_seqs": max_seqs},
+        "profiles": suggest_profiles(graphs, max_tokens=max_tokens, max_seqs=max_seqs, max_context=max_context),
+        "profile_limits": {"max_tokens": max_tokens, "max_seqs": max_seqs, "max_context": max_context},
         "source": dict(source),
         "opset": opset,
         "interop": interop,

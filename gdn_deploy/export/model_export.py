@@ -1,4 +1,4 @@
-"""Export a GDNLM or a GDNBlock as ONNX graphs with flat tensor I/O, the metadata sidecar and the check files.
+"""Export a GDNLM, a whole hybrid LM or a GDNBlock as ONNX graphs with flat tensor I/O, the sidecar and the check files.
 
 :func:`export_model` writes, into one folder: the graphs of :mod:`.graphs` (``prefill.onnx``,
 ``decode.onnx``, optionally ``decode_pool.onnx``), ``gdn_model.json`` (:mod:`.metadata`), and per graph
@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +23,13 @@ from .graphs import GRAPHS, GraphPlan, example_feed, graph_plan
 from .targets import DTYPE_NAMES, PRECISIONS, ExportTarget, cast_target
 from .verify import check_folder, reference_feed, reference_outputs, write_reference
 
-__all__ = ["ExportOptions", "ExportResult", "export_model", "config_hash"]
+__all__ = ["ExportOptions", "ExportResult", "export_model", "config_hash", "EXTERNAL_DATA_BYTES"]
+
+EXTERNAL_DATA_BYTES = 1_500_000_000     # protobuf cannot hold 2 GB: bigger weights go to <graph>.onnx.data
+
+
+def _weight_bytes(target: ExportTarget) -> int:
+    return sum(p.numel() * p.element_size() for p in target.module.parameters())
 
 
 @dataclass
@@ -36,7 +42,9 @@ class ExportOptions:
     max_tokens: int = 8192
     max_seqs: int = 64
     verify: bool = True
-    external_data: bool = False
+    external_data: bool = False        # weights in <graph>.onnx.data; also chosen when the weights exceed 1.5 GB
+    max_context: int = 4096            # TensorRT profile: max KV-cache capacity S (hybrid models)
+    all_logits: bool = False           # hybrid prefill returns every token's logits, not each sequence's last
 
 
 @dataclass
@@ -58,7 +66,8 @@ def _dynamic_shapes(plan: GraphPlan):
     big = 1 << 20
     # ("N" would clash with sympy's N() inside torch.export)
     dims = {"T": Dim("tokens", min=1, max=big), "N": Dim("seqs", min=1, max=big // 2),
-            "B": Dim("batch", min=1, max=big // 2), "P": Dim("pool", min=1, max=big // 2)}
+            "B": Dim("batch", min=1, max=big // 2), "P": Dim("pool", min=1, max=big // 2),
+            "S": Dim("cache", min=1, max=big // 2)}
     shapes = []
     for t in plan.inputs:
         spec = {}
@@ -74,8 +83,8 @@ def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: Expor
     feed = example_feed(target, plan.name, tokens=12 if opts.interop else 11, equal_lengths=bool(opts.interop))
     # states and pools go through *args: pass the dynamic shapes positionally
     shapes = _dynamic_shapes(plan)
-    fixed = 2 if plan.name in ("prefill", "decode_pool") else 1
-    dyn = (*shapes[:fixed], tuple(shapes[fixed:]))
+    fixed = plan.fixed_inputs if plan.fixed_inputs is not None else len(shapes)
+    dyn = (*shapes[:fixed], tuple(shapes[fixed:])) if fixed < len(shapes) else tuple(shapes)
     kw: dict[str, Any] = {"interop": opts.interop, "gdn_body": opts.gdn_body}
     if opts.opset is not None:
         kw["opset"] = opts.opset
@@ -85,7 +94,7 @@ def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: Expor
     return _rename_dims(path)
 
 
-_DIM_RENAMES = {"tokens": "T", "seqs": "N", "seqs + 1": "N+1", "batch": "B", "pool": "P"}
+_DIM_RENAMES = {"tokens": "T", "seqs": "N", "seqs + 1": "N+1", "batch": "B", "pool": "P", "cache": "S"}
 
 
 def _rename_dims(path: Path) -> int:
@@ -126,9 +135,16 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
     for g in opts.graphs:
         if g not in GRAPHS:
             raise UsageError(f"unknown graph {g!r}: expected some of {', '.join(GRAPHS)}")
+    if target.kind == "hybrid" and opts.interop:
+        raise UsageError(f"--interop {opts.interop}: LinearAttention replaces the gdn ops of pure-GDN models and "
+                         "blocks only; export this hybrid model without --interop")
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     tgt = cast_target(target, opts.precision)
+    tgt.all_logits = tgt.all_logits or opts.all_logits
+    if not opts.external_data and _weight_bytes(tgt) > EXTERNAL_DATA_BYTES:
+        log(f"  weights {_weight_bytes(tgt) / 1e9:.2f} GB: saved as external data (<graph>.onnx.data)")
+        opts = replace(opts, external_data=True)
     plans, files, opsets, trt_files = {}, [], set(), {}
     for g in opts.graphs:
         plan = graph_plan(tgt, g)
@@ -143,7 +159,8 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
             raise ExportFailure(f"exporting {g} failed: {type(e).__name__}: {first_line(e)}") from e
         log(f"  {g}: {path.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.1f} s")
         trt_files[g] = write_tensorrt_onnx(path)   # <g>.trt.onnx for TensorRT; None without gdn nodes (interop)
-        plans[g], files = plan, files + [path] + [f for f in [trt_files[g]] if f]
+        plans[g], files = plan, files + [path] + [f for f in [trt_files[g], path.with_name(path.name + ".data")]
+                                                  if f and f.is_file()]
     act = DTYPE_NAMES[tgt.dtype]
     graphs = {g: {"file": p.file, "tensorrt_file": trt_files[g].name if trt_files[g] else None,
                   "inputs": p.inputs, "outputs": p.outputs} for g, p in plans.items()}
@@ -159,7 +176,10 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
         precision=opts.precision, dtypes={"weights": act, "activations": act, "states": "float32"},
         graphs=graphs, source=_portable_source(tgt.source, outdir), opset=max(opsets) if opsets else opts.opset,
         interop=opts.interop, max_tokens=opts.max_tokens, max_seqs=opts.max_seqs, config_hash=config_hash(tgt),
-        gdn_body=None if opts.interop else opts.gdn_body)
+        gdn_body=None if opts.interop else opts.gdn_body, max_context=opts.max_context)
+    if tgt.kind == "hybrid":
+        from .hybrid_export import hybrid_metadata
+        meta = hybrid_metadata(meta, tgt, outdir, log)
     if opts.interop:
         meta["limits"] = {"equal_length_prefill": True,
                           "why": "--interop LinearAttention has no varlen: prefill sequences must have equal lengths"}

@@ -29,7 +29,7 @@ from .mlp import MOE_IMPLS, SparseMoE, SwiGLU
 from .norms import RMSNorm
 
 __all__ = ["HybridLM", "GDNLM", "DecoderLayer", "decode_states_from_prefill", "grow_decode_states",
-           "positions_from_cu_seqlens"]
+           "positions_from_cu_seqlens", "scatter_packed"]
 
 LayerState = tuple[Tensor, Tensor]
 
@@ -174,28 +174,29 @@ class HybridLM(nn.Module):
         return self._logits(h), out
 
 
+def scatter_packed(x: Tensor, cu_seqlens: Tensor, capacity: int) -> Tensor:
+    """Packed per-token rows ``x [T, H, D]`` of N sequences -> a zero-padded cache ``[N, H, capacity, D]``
+    (sequence n's token j at slot j)."""
+    cu = cu_seqlens.to(device=x.device, dtype=torch.long)
+    lens = cu[1:] - cu[:-1]
+    if lens.numel() and int(lens.max()) > capacity:
+        raise ValueError(f"KV cache capacity {capacity} is smaller than the longest prompt ({int(lens.max())})")
+    T = x.shape[0]
+    slot = torch.arange(capacity, device=x.device)
+    idx = (cu[:-1, None] + slot[None, :]).clamp(max=max(T - 1, 0))                 # [N, S]
+    valid = (slot[None, :] < lens[:, None])[:, :, None, None]
+    g = x.index_select(0, idx.reshape(-1)).reshape(idx.shape[0], capacity, *x.shape[1:])
+    return torch.where(valid, g, torch.zeros((), dtype=x.dtype, device=x.device)).permute(0, 2, 1, 3).contiguous()
+
+
 def decode_states_from_prefill(config: HybridConfig, states: Sequence[LayerState], cu_seqlens: Tensor,
                                capacity: int) -> list[LayerState]:
     """Prefill states -> decode states: attention layers' packed ``[T, Hkv, D]`` keys/values scattered into
     zero-padded caches ``[N, Hkv, capacity, D]`` (sequence n's token j at slot j); GDN states pass through."""
-    cu = cu_seqlens.to(torch.long)
-    lens = cu[1:] - cu[:-1]
-    if lens.numel() and int(lens.max()) > capacity:
-        raise ValueError(f"KV cache capacity {capacity} is smaller than the longest prompt ({int(lens.max())})")
     out = []
     for t, (a, b) in zip(config.layer_types, states):
-        if t == "linear_attention":
-            out.append((a, b))
-            continue
-        T = a.shape[0]
-        slot = torch.arange(capacity, device=a.device)
-        idx = (cu[:-1, None] + slot[None, :]).clamp(max=max(T - 1, 0))            # [N, S]
-        valid = (slot[None, :] < lens[:, None])[:, :, None, None]
-        caches = []
-        for x in (a, b):
-            g = x.index_select(0, idx.reshape(-1)).reshape(idx.shape[0], capacity, *x.shape[1:])
-            caches.append(torch.where(valid, g, torch.zeros((), dtype=x.dtype)).permute(0, 2, 1, 3).contiguous())
-        out.append((caches[0], caches[1]))
+        out.append((a, b) if t == "linear_attention" else
+                   (scatter_packed(a, cu_seqlens, capacity), scatter_packed(b, cu_seqlens, capacity)))
     return out
 
 

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from conftest import (call_decode_ref, call_prefill_ref, cast_inputs, make_decode_inputs,  # noqa: E402
                       make_prefill_inputs, rel_err)
-from gdn_deploy.export.onnx_ops import add_function_bodies, run_onnxruntime  # noqa: E402
+from gdn_deploy.export.onnx_ops import add_function_bodies  # noqa: E402
+from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import DECODE, PREFILL, SPEC  # noqa: E402
 
 _ELEM = {torch.float32: TensorProto.FLOAT, torch.int32: TensorProto.INT32}
@@ -38,7 +39,7 @@ def test_prefill_body_beta_up_to_two(gen, g_range):
     assert float(inp["beta"].max()) > 1.9
     attrs = PREFILL.attrs(gate_mode=0, use_qk_l2norm=1)
     o64, s64 = call_prefill_ref(inp, **attrs)
-    o, s = run_onnxruntime(*_one_node(PREFILL, attrs, cast_inputs(inp, torch.float32)))
+    o, s = run_onnxruntime(*_one_node(PREFILL, attrs, cast_inputs(inp, torch.float32))).values()
     assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL
 
 
@@ -46,5 +47,5 @@ def test_decode_body_beta_up_to_two(gen):
     inp = make_decode_inputs(gen, 6, 2, 4, K=16, V=8, use_qk_l2norm=1, beta_range=(1.0, 2.0))
     attrs = DECODE.attrs(gate_mode=0, use_qk_l2norm=1, state_mode=0)
     o64, s64 = call_decode_ref(inp, **attrs)
-    o, s = run_onnxruntime(*_one_node(DECODE, attrs, cast_inputs(inp, torch.float32)))
+    o, s = run_onnxruntime(*_one_node(DECODE, attrs, cast_inputs(inp, torch.float32))).values()
     assert rel_err(o, o64) < FP32_TOL and rel_err(s, s64) < FP32_TOL

@@ -141,11 +141,15 @@ def test_hf_folder(tmp_path, capsys):
     torch.manual_seed(0)
     Qwen3NextForCausalLM(cfg).save_pretrained(tmp_path / "hf")
     assert transformers is not None
-    code, out, err = _run(capsys, str(tmp_path / "hf"), "-o", str(tmp_path / "o"), "--graphs", "decode")
+    code, out, err = _run(capsys, str(tmp_path / "hf"), "-o", str(tmp_path / "o"), "--graphs", "decode", "--blocks")
     assert code == 0, err
     meta = json.loads((tmp_path / "o" / "gdn_model.json").read_text())
-    assert meta["source"]["format"] == "hf" and meta["source"]["layer"] == 0
+    assert meta["source"]["format"] == "hf" and meta["source"]["layer"] == 0 and meta["model"]["kind"] == "block"
     assert meta["model"]["heads"]["gva_ratio"] == 2
+    code, out, err = _run(capsys, str(tmp_path / "hf"), "-o", str(tmp_path / "whole"))   # default: the whole LM
+    assert code == 0, err
+    meta = json.loads((tmp_path / "whole" / "gdn_model.json").read_text())
+    assert meta["model"]["kind"] == "hybrid" and meta["model"]["layer_types"] == ["linear_attention", "full_attention"]
     code, _, err = _run(capsys, str(tmp_path / "hf"), "--layer", "1", "-o", str(tmp_path / "o1"))
     assert code == 2 and "not a Gated DeltaNet layer" in err
 

@@ -1,0 +1,141 @@
+"""Backends that run an export folder's graphs on torch tensors: ``run(graph, feed) -> {output name: tensor}``.
+
+- ``torch``:       the model the folder was exported from (sidecar ``source``; its config hash must match), in the
+                   export precision, through the same graph wrappers as the export (MoE layers routed), on a device;
+- ``onnxruntime``: the ``<graph>.onnx`` files (gdn nodes run their function bodies);
+- ``tensorrt``:    the ``<graph>.trt.onnx`` files (or ``<graph>.engine`` from gdn-build) with the gdn plugins.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from ..errors import LoadError, PluginError, TensorRTMissing, UsageError, first_line
+from .folder import ExportFolder
+
+__all__ = ["BACKENDS", "make_backend", "TorchBackend", "OnnxRuntimeBackend", "TensorRTBackend"]
+
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, folder: ExportFolder, device: str = "cpu", allow_pickle: bool = False):
+        from ..export.graphs import graph_plan
+        from ..export.loading import load_targets
+        from ..export.model_export import config_hash
+        from ..export.targets import cast_target
+        src = folder.meta.get("source", {})
+        model = src.get("model")
+        if not model:
+            raise LoadError(f"{folder.path}: the sidecar does not say which model was exported (source.model)")
+        if model != "default" and not Path(model).is_absolute():
+            model = str((folder.path / model).resolve())
+        if model != "default" and not Path(model).exists():
+            raise LoadError(f"{folder.path}: the torch backend runs the model the folder was exported from, {model}, "
+                            "which does not exist here; use --backend onnxruntime or tensorrt")
+        target = load_targets(model, layer=src.get("layer"), allow_pickle=allow_pickle)[0]
+        target = cast_target(target, folder.meta["precision"])
+        if folder.meta.get("config_hash") and folder.meta["config_hash"] != config_hash(target):
+            raise LoadError(f"{folder.path}: was exported from another model than {model} (config hash differs); "
+                            "re-export it")
+        target.all_logits = folder.meta.get("generation", {}).get("prefill_logits") == "all"
+        self.device = torch.device(device)
+        self.plans = {}
+        for g in ("prefill", "decode"):
+            plan = graph_plan(target, g)
+            if hasattr(plan.module, "moe_impl"):
+                plan.module.moe_impl = "routed"
+            plan.module.to(self.device)
+            self.plans[g] = plan
+        self.model = target.module
+
+    def run(self, graph: str, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        plan = self.plans[graph]
+        with torch.no_grad():
+            outs = plan.module(*[feed[n].to(self.device) for n in plan.input_names])
+        return dict(zip(plan.output_names, outs))
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",)):
+        from ..export.runtimes import onnxruntime_session
+        self.sessions = {}
+        for g in ("prefill", "decode"):
+            try:
+                self.sessions[g] = onnxruntime_session(folder.graph_file(g), providers)
+            except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
+                raise LoadError(f"{folder.graph_file(g)}: onnxruntime cannot load it: {first_line(e)}") from None
+        self.device = torch.device("cpu")
+
+    def run(self, graph: str, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        from ..export.runtimes import run_onnxruntime
+        sess = self.sessions[graph]
+        return run_onnxruntime(sess, {i.name: feed[i.name].cpu() for i in sess.get_inputs()})
+
+
+class TensorRTBackend:
+    name = "tensorrt"
+
+    def __init__(self, folder: ExportFolder, plugin_lib: str | None = None):
+        try:
+            import tensorrt
+        except ImportError:
+            raise TensorRTMissing("the tensorrt Python module is not installed; use --backend onnxruntime or "
+                                  "torch") from None
+        from polygraphy.backend.trt import (BytesFromPath, CreateConfig, EngineFromBytes, EngineFromNetwork,
+                                            NetworkFromOnnxPath, Profile, TrtRunner)
+
+        from ..plugins import find_plugin_library
+        from ..plugins.loader import PluginLoadError, load_gdn_plugins
+        lib = Path(plugin_lib) if plugin_lib else find_plugin_library()
+        if lib is None or not Path(lib).is_file():
+            raise PluginError("the gdn TensorRT plugin library was not found: build it (scripts/build_kernels.sh "
+                              "--all) or pass --plugins LIB")
+        try:
+            load_gdn_plugins(tensorrt, lib)
+        except PluginLoadError as e:
+            raise PluginError(str(e)) from None
+        self.profiles = folder.meta["profiles"]
+        self.runners = {}
+        for g in ("prefill", "decode"):
+            engine = folder.path / f"{g}.engine"
+            if engine.is_file():
+                loader = EngineFromBytes(BytesFromPath(str(engine)))
+            else:
+                prof = Profile()
+                for name, s in self.profiles[g].items():
+                    prof.add(name, min=s["min"], opt=s["opt"], max=s["max"])
+                net = NetworkFromOnnxPath(str(folder.graph_file(g, tensorrt=True)), strongly_typed=True)
+                loader = EngineFromNetwork(net, config=CreateConfig(profiles=[prof]))
+            runner = TrtRunner(loader, name=f"tensorrt-{g}")
+            runner.activate()
+            self.runners[g] = runner
+        self.device = torch.device("cpu")
+
+    def run(self, graph: str, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        from ..export.runtimes import from_numpy, to_numpy
+        for name, t in feed.items():
+            top = self.profiles[graph].get(name, {}).get("max")
+            if top and any(int(d) > int(m) for d, m in zip(t.shape, top)):
+                raise UsageError(f"tensorrt: {graph} input {name} has shape {list(t.shape)}, beyond the engine's "
+                                 f"profile max {top}; re-export with larger --max-tokens/--max-seqs/--max-context")
+        out = self.runners[graph].infer({k: to_numpy(v.cpu()) for k, v in feed.items()})
+        return {k: from_numpy(v) for k, v in out.items()}
+
+
+def make_backend(name: str, folder: ExportFolder, *, device: str = "cpu", plugin_lib: str | None = None,
+                 allow_pickle: bool = False):
+    if name == "torch":
+        return TorchBackend(folder, device=device, allow_pickle=allow_pickle)
+    if name == "onnxruntime":
+        return OnnxRuntimeBackend(folder)
+    if name == "tensorrt":
+        return TensorRTBackend(folder, plugin_lib)
+    raise UsageError(f"--backend {name!r}: expected one of {', '.join(BACKENDS)}")
