@@ -91,14 +91,16 @@ def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: Expor
     onnx_ops.export_program(plan.module, tuple(feed.values()), str(path), kwargs=None, dynamic_shapes=dyn,
                             input_names=plan.input_names, output_names=plan.output_names,
                             external_data=opts.external_data, **kw)
-    return _rename_dims(path)
+    return _rename_dims(path, plan)
 
 
 _DIM_RENAMES = {"tokens": "T", "seqs": "N", "seqs + 1": "N+1", "batch": "B", "pool": "P", "cache": "S"}
 
 
-def _rename_dims(path: Path) -> int:
-    """Give the graph I/O the sidecar's dim symbols (torch.export cannot name a Dim 'N': sympy's N()).
+def _rename_dims(path: Path, plan: GraphPlan | None = None) -> int:
+    """Give the graph I/O the sidecar's dim symbols (torch.export cannot name a Dim 'N': sympy's N()); with a
+    plan, every graph input and output takes exactly its symbolic shape (a dim torch derived, e.g. N from
+    cu_seqlens' N+1, would otherwise keep a name like 's39').
 
     Returns the model's default-domain opset."""
     import onnx
@@ -107,6 +109,16 @@ def _rename_dims(path: Path) -> int:
         for d in v.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in _DIM_RENAMES:
                 d.dim_param = _DIM_RENAMES[d.dim_param]
+    if plan is not None:
+        spec = {t["name"]: t["shape"] for t in [*plan.inputs, *plan.outputs]}
+        for v in [*model.graph.input, *model.graph.output]:
+            shape = spec.get(v.name)
+            dims = v.type.tensor_type.shape.dim
+            if shape is None or len(shape) != len(dims):
+                continue
+            for d, want in zip(dims, shape):
+                if isinstance(want, str):
+                    d.dim_param = want
     onnx.save_model(model, str(path))
     return next(int(i.version) for i in model.opset_import if i.domain in ("", "ai.onnx"))
 

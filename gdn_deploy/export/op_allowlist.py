@@ -1,0 +1,70 @@
+"""The ONNX operators a gdn-export graph may contain: every one runs in onnxruntime's CPU provider and is imported
+by the TensorRT 10.x ONNX parser (onnx-tensorrt ``docs/operators.md`` of TensorRT 10.1: "Y" for each, the oldest
+10.x list, so later 10.x parsers take them too), plus the gdn custom ops that become the TensorRT plugins.
+
+:func:`graph_op_problems` lists what in a model breaks that promise: an operator outside :data:`ALLOWED_OPS`, or
+one of the parser's restrictions on the operators we use (``axes`` of Squeeze / Unsqueeze / Slice / Reduce* and
+the ``axis`` of CumSum from initializers or constants; TopK ``sorted=1`` with ``K < 3840``).
+``tests/export/test_op_set.py`` holds every exported graph to it.
+"""
+from __future__ import annotations
+
+import onnx
+
+__all__ = ["ALLOWED_OPS", "GDN_OPS", "graph_op_problems"]
+
+GDN_OPS = frozenset({"GatedDeltaPrefill", "GatedDeltaDecode"})
+ALLOWED_OPS = frozenset({
+    # tensor plumbing
+    "Shape", "Reshape", "Squeeze", "Unsqueeze", "Slice", "Concat", "Split", "Transpose", "Expand", "Tile",
+    "Gather", "GatherND", "ScatterElements", "Range", "Cast", "Constant", "ConstantOfShape", "Identity",
+    # arithmetic and comparisons
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Max", "Min", "Clip",
+    "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Not", "Where",
+    # activations, reductions, products
+    "Sigmoid", "Softplus", "Tanh", "Erf", "Softmax", "Cos", "Sin", "ReduceSum", "ReduceMean", "ReduceMax",
+    "TopK", "MatMul", "Gemm",
+})
+_AXES_INPUT = {"Squeeze": 1, "Unsqueeze": 1, "ReduceSum": 1, "ReduceMean": 1, "ReduceMax": 1, "Slice": 3,
+               "CumSum": 1}
+TOPK_MAX = 3840
+
+
+def _constants(graph: onnx.GraphProto) -> tuple[set[str], dict[str, onnx.TensorProto]]:
+    names = {t.name for t in graph.initializer}
+    values = {t.name: t for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant":
+            names.update(n.output)
+            for a in n.attribute:
+                if a.name == "value":
+                    values[n.output[0]] = a.t
+    return names, values
+
+
+def graph_op_problems(model: onnx.ModelProto) -> list[str]:
+    """Problems of the main graph of ``model`` for onnxruntime + the TensorRT parser (empty: none)."""
+    g = model.graph
+    consts, values = _constants(g)
+    out = []
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx"):
+            if not (n.domain == "gdn" and n.op_type in GDN_OPS):
+                out.append(f"{n.name}: {n.domain}::{n.op_type} is not an ONNX or gdn operator")
+            continue
+        if n.op_type not in ALLOWED_OPS:
+            out.append(f"{n.name}: {n.op_type} is not in ALLOWED_OPS (onnxruntime CPU + TensorRT 10.x parser)")
+            continue
+        k = _AXES_INPUT.get(n.op_type)
+        if k is not None and len(n.input) > k and n.input[k] and n.input[k] not in consts:
+            out.append(f"{n.name}: {n.op_type}'s axes input {n.input[k]!r} is computed; TensorRT needs an initializer")
+        if n.op_type == "TopK":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            if int(attrs.get("sorted", 1)) != 1:
+                out.append(f"{n.name}: TopK with sorted=0; TensorRT needs sorted=1")
+            kt = values.get(n.input[1]) if len(n.input) > 1 else None
+            if kt is None:
+                out.append(f"{n.name}: TopK's K is computed; TensorRT needs a constant K")
+            elif int(onnx.numpy_helper.to_array(kt).reshape(-1)[0]) >= TOPK_MAX:
+                out.append(f"{n.name}: TopK K >= {TOPK_MAX}")
+    return out

@@ -1,0 +1,173 @@
+"""Whole hybrid causal LMs exported from tiny random Hugging Face folders (built in the test, no downloads):
+onnxruntime graphs against PyTorch and HF, generation with the runtime, the sidecar's state list, the op set.
+
+Each family is exported once per session (``_export``); the export runs its own verification (onnxruntime vs
+float32 PyTorch on a ragged prefill and a decode step at random positions, every output incl. states, spec's
+fp32 tolerance: |a-b| <= 1e-4 + 1e-3|b| and 1e-4 norm-relative).
+"""
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+
+from conftest import rel_err, seed_for
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+import hf_tiny_models as tiny  # noqa: E402
+
+from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
+from gdn_deploy.export.loading import load_targets  # noqa: E402
+from gdn_deploy.export.op_allowlist import graph_op_problems  # noqa: E402
+from gdn_deploy.runtime.backends import make_backend  # noqa: E402
+from gdn_deploy.runtime.folder import ExportFolder  # noqa: E402
+from gdn_deploy.runtime.generation import generate  # noqa: E402
+from gdn_deploy.spec import SPEC  # noqa: E402
+
+FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_vl", "qwen3_5_moe", "olmo_hybrid"]
+TOL = SPEC.check_tolerance("float32")
+_CACHE: dict = {}
+
+
+def _export(family, tmp_path_factory, **opts):
+    key = (family, tuple(sorted(opts.items())))
+    if key not in _CACHE:
+        gen = torch.Generator().manual_seed(seed_for(f"hybrid_export::{family}"))
+        root = tmp_path_factory.mktemp(f"{family}_export")
+        hf = tiny.build(family, gen)
+        tiny.save(hf, root / "hf")
+        target = load_targets(str(root / "hf"))[0]
+        res = export_model(target, root / "out", ExportOptions(**opts))
+        _CACHE[key] = (hf, root / "hf", root / "out", res, gen)
+    return _CACHE[key]
+
+
+def _hf_generate(hf, prompt, n):
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n,
+                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+def _close(a, b, what):
+    excess = float(((a - b).abs() - (TOL["atol"] + TOL["rtol"] * b.abs())).max())
+    assert excess <= 0 and rel_err(a, b) <= TOL["rel"], \
+        f"{what}: max |diff| {float((a - b).abs().max()):.2e}, rel {rel_err(a, b):.1e}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_onnxruntime_generation_equals_hf(family, tmp_path_factory):
+    """Export verified; 3 prompts (lengths 1, 6, 11) in one onnxruntime prefill + one decode call per step give
+    HF's greedy tokens for 24 new tokens; prefill logits within tolerance of HF's; the torch backend agrees."""
+    hf, _, out, res, gen = _export(family, tmp_path_factory)
+    assert res.verification and all(r["ok"] for rows in res.verification.values() for r in rows)
+    folder = ExportFolder(out)
+    assert folder.kind == "hybrid"
+    prompts = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (1, 6, 11)]
+    got = generate(folder, make_backend("onnxruntime", folder), prompts, 24, eos_token_ids=[])
+    ref = generate(folder, make_backend("torch", folder), prompts, 24, eos_token_ids=[])
+    assert got.decode_steps == 23 and got.tokens == ref.tokens
+    with torch.no_grad():
+        hf_last = torch.stack([hf(input_ids=torch.tensor([p])).logits[0, -1] for p in prompts])
+    _close(got.prefill_logits, hf_last, f"{family} onnxruntime prefill logits vs HF")
+    for i, p in enumerate(prompts):
+        want = _hf_generate(hf, p, 24)
+        assert got.tokens[i] == want, f"{family} prompt {i}: first difference at new token " \
+            f"{next(j for j, (a, b) in enumerate(zip(got.tokens[i], want)) if a != b)}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exported_graphs_use_allowed_ops_only(family, tmp_path_factory):
+    _, _, out, _, _ = _export(family, tmp_path_factory)
+    meta = json.loads((out / "gdn_model.json").read_text())
+    for g, info in meta["graphs"].items():
+        model = onnx.load(str(out / info["tensorrt_file"]), load_external_data=False)
+        assert graph_op_problems(model) == [], (g, graph_op_problems(model)[:5])
+        gdn = [n for n in model.graph.node if n.domain == "gdn"]
+        assert len(gdn) == len(meta["model"]["config"]["layer_types"]) - meta["model"]["layer_types"].count(
+            "full_attention")
+
+
+def test_op_check_can_fail():
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, None)
+    m = helper.make_model(helper.make_graph([helper.make_node("NonZero", ["x"], ["y"], name="nz")], "g", [x], [y]))
+    assert graph_op_problems(m) == ["nz: NonZero is not in ALLOWED_OPS (onnxruntime CPU + TensorRT 10.x parser)"]
+
+
+def test_sidecar_describes_every_state(tmp_path_factory):
+    _, _, out, _, _ = _export("qwen3_next", tmp_path_factory)
+    meta = json.loads((out / "gdn_model.json").read_text())
+    states = meta["states"]
+    assert [(s["layer"], s["kind"]) for s in states][::2] == [(0, "gdn"), (1, "attention"), (2, "gdn"), (3, "gdn"),
+                                                              (4, "attention")]
+    dec = onnx.load(str(out / "decode.onnx"), load_external_data=False)
+    pre = onnx.load(str(out / "prefill.onnx"), load_external_data=False)
+
+    def dims(v):
+        return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+    dec_in, dec_out = {v.name: v for v in dec.graph.input}, {v.name: v for v in dec.graph.output}
+    pre_out = {v.name: v for v in pre.graph.output}
+    for s in states:
+        assert dims(dec_in[s["decode_input"]]) == s["decode_shape"] == dims(dec_out[s["decode_output"]])
+        assert dims(pre_out[s["prefill_output"]]) == s["prefill_shape"]
+    assert [v.name for v in pre.graph.input] == ["input_ids", "cu_seqlens", "positions"]
+    assert dims(pre_out["logits"]) == ["N", 96]
+    assert meta["dims"]["S"].startswith("decode KV-cache capacity")
+    assert meta["profiles"]["decode"]["key_cache_1"]["max"][2] == 4096
+    assert meta["generation"]["prefill_logits"] == "last" and meta["model"]["mlp_types"][3] == "dense"
+
+
+def test_all_logits_and_external_data(tmp_path_factory, monkeypatch):
+    """--all-logits: prefill logits of every token; weights beyond the threshold go to <graph>.onnx.data."""
+    import gdn_deploy.export.model_export as me
+    monkeypatch.setattr(me, "EXTERNAL_DATA_BYTES", 0)
+    hf, _, out, res, gen = _export("qwen3_5_moe", tmp_path_factory, all_logits=True)
+    assert (out / "prefill.onnx.data").is_file() and (out / "decode.onnx.data").is_file()
+    assert all(r["ok"] for rows in res.verification.values() for r in rows)
+    folder = ExportFolder(out)
+    be = make_backend("onnxruntime", folder)
+    prompts = [[3, 4, 5], [7]]
+    from gdn_deploy.runtime.generation import pack_prompts
+    ids, cu, pos = pack_prompts(prompts)
+    logits = be.run("prefill", {"input_ids": ids, "cu_seqlens": cu, "positions": pos})["logits"]
+    with torch.no_grad():
+        ref = torch.cat([hf(input_ids=torch.tensor([p])).logits[0] for p in prompts])
+    assert logits.shape == (4, 96)
+    _close(logits, ref, "all-token logits")
+    assert generate(folder, be, prompts, 5, eos_token_ids=[]).tokens == [_hf_generate(hf, p, 5) for p in prompts]
+
+
+def test_fp16_export_as_accurate_as_pytorch_fp16(tmp_path_factory):
+    """fp16 graphs in onnxruntime vs the float32 reference: within the spec's fp16 tolerance, or (where these
+    random models' gated norms amplify fp16 rounding past it: a few seeds) no worse than PyTorch itself in fp16
+    on the same inputs (x1.5)."""
+    from gdn_deploy.export import metadata as md
+    from gdn_deploy.export.runtimes import compare_outputs
+    from gdn_deploy.export.verify import load_reference
+    _, _, out, _, _ = _export("olmo_hybrid", tmp_path_factory, precision="fp16", verify=False)
+    meta = md.read_metadata(out)
+    assert meta["dtypes"]["activations"] == "float16"
+    assert {s["dtype"] for s in meta["states"]} == {"float32", "float16"}      # GDN states fp32, KV caches fp16
+    folder = ExportFolder(out)
+    ort, pt = make_backend("onnxruntime", folder), make_backend("torch", folder)
+    tol = SPEC.check_tolerance("float16")
+    for g in ("prefill", "decode"):
+        feed, ref = load_reference(out, g, meta["graphs"][g])
+        rows = {r["name"]: r for r in compare_outputs(ref, ort.run(g, feed), tol)}
+        own = {r["name"]: r for r in compare_outputs(ref, {k: v.float() for k, v in pt.run(g, feed).items()}, tol)}
+        for name, r in rows.items():
+            assert r.get("max_abs") is not None and (r["ok"] or r["rel"] <= 1.5 * own[name]["rel"]), (g, name, r,
+                                                                                                     own[name])
+
+
+def test_interop_is_refused_for_hybrid_models(tmp_path_factory):
+    from gdn_deploy.errors import UsageError
+    _, hf_dir, _, _, _ = _export("qwen3_5", tmp_path_factory)
+    with pytest.raises(UsageError, match="--interop com.microsoft: LinearAttention replaces the gdn ops of pure-GDN"):
+        export_model(load_targets(str(hf_dir))[0], tmp_path_factory.mktemp("x"), ExportOptions(interop="com.microsoft"))
