@@ -47,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["torch", "onnxruntime", "tensorrt"], default="torch")
     p.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
     p.add_argument("--plugins", default=None, metavar="LIB", help="gdn TensorRT plugin library (tensorrt backend)")
-    p.add_argument("--ids", action="append", default=None, metavar="I,J,...", help="a prompt as token ids (repeat)")
-    p.add_argument("-p", "--prompt", action="append", default=None, metavar="TEXT", help="a text prompt (repeat)")
+    p.add_argument("--ids", action="append", dest="prompts", type=lambda s: ("ids", s), metavar="I,J,...",
+                   help="a prompt as token ids (repeat; prompts keep their command-line order)")
+    p.add_argument("-p", "--prompt", action="append", dest="prompts", type=lambda s: ("text", s), metavar="TEXT",
+                   help="a text prompt (repeat)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=16, metavar="N", help="new tokens per prompt (>= 1)")
     p.add_argument("--ignore-eos", action="store_true", help="generate N tokens even after an end-of-sequence id")
     p.add_argument("--compare", action="store_true", help="compare with PyTorch (or with --hf)")
@@ -140,15 +142,16 @@ def parse_ids(text: str) -> list[int]:
 
 def make_prompts(args, codec, folder) -> tuple[list[list[int]], list[str | None]]:
     prompts, texts = [], []
-    for t in args.ids or []:
-        prompts.append(parse_ids(t))
-        texts.append(None)
-    if args.prompt and not codec.has_text:
-        raise UsageError(f"-p/--prompt: {folder.path} has no tokenizer.json (the Hugging Face folder had none); "
-                         "give prompts as token ids with --ids 1,2,3")
-    for t in args.prompt or []:
-        prompts.append(codec.encode(t))
-        texts.append(t)
+    for kind, value in args.prompts or []:
+        if kind == "ids":
+            prompts.append(parse_ids(value))
+            texts.append(None)
+            continue
+        if not codec.has_text:
+            raise UsageError(f"-p/--prompt: {folder.path} has no tokenizer.json (the Hugging Face folder had none); "
+                             "give prompts as token ids with --ids 1,2,3")
+        prompts.append(codec.encode(value))
+        texts.append(value)
     if not prompts:
         if codec.has_text:
             prompts, texts = [codec.encode(t) for t in DEFAULT_TEXTS], list(DEFAULT_TEXTS)
