@@ -64,12 +64,15 @@ class TorchBackend:
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
-    def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",)):
-        from ..export.runtimes import onnxruntime_session
+    def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None):
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.sessions = {}
         for g in ("prefill", "decode"):
             try:
-                self.sessions[g] = onnxruntime_session(folder.graph_file(g), providers)
+                self.sessions[g] = ort.InferenceSession(str(folder.graph_file(g)), opts, providers=list(providers))
             except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
                 raise LoadError(f"{folder.graph_file(g)}: onnxruntime cannot load it: {first_line(e)}") from None
         self.device = torch.device("cpu")
@@ -131,11 +134,12 @@ class TensorRTBackend:
 
 
 def make_backend(name: str, folder: ExportFolder, *, device: str = "cpu", plugin_lib: str | None = None,
-                 allow_pickle: bool = False):
+                 allow_pickle: bool = False, threads: int | None = None):
+    """A backend by name; ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice)."""
     if name == "torch":
         return TorchBackend(folder, device=device, allow_pickle=allow_pickle)
     if name == "onnxruntime":
-        return OnnxRuntimeBackend(folder)
+        return OnnxRuntimeBackend(folder, threads=threads)
     if name == "tensorrt":
         return TensorRTBackend(folder, plugin_lib)
     raise UsageError(f"--backend {name!r}: expected one of {', '.join(BACKENDS)}")

@@ -171,3 +171,14 @@ def test_interop_is_refused_for_hybrid_models(tmp_path_factory):
     _, hf_dir, _, _, _ = _export("qwen3_5", tmp_path_factory)
     with pytest.raises(UsageError, match="--interop com.microsoft: LinearAttention replaces the gdn ops of pure-GDN"):
         export_model(load_targets(str(hf_dir))[0], tmp_path_factory.mktemp("x"), ExportOptions(interop="com.microsoft"))
+
+
+def test_gdn_check_on_a_whole_model_folder(tmp_path_factory, capsys):
+    """gdn-check runs every graph of the folder on its stored feed (states included) and, with --from-model,
+    rebuilds the reference from the Hugging Face folder the sidecar names."""
+    from gdn_deploy.export.check_cli import main as gdn_check
+    _, _, out, _, _ = _export("qwen3_5_moe", tmp_path_factory)
+    assert gdn_check([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "key_cache_out_1" in text and "rec_state_out_0" in text and "gdn-check: PASS" in text
+    assert gdn_check([str(out), "--from-model", "--seed", "5", "-q"]) == 0

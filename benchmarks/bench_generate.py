@@ -1,0 +1,211 @@
+"""Generation throughput of whole hybrid models: our exported graphs / our PyTorch model beside HF transformers.
+
+  python benchmarks/bench_generate.py [--configs tiny,mid] [--device cpu|cuda] [--prompts 4] [--prompt-len 128]
+                                      [--new 32] [--repeats 3] [--out DIR]
+
+Per config a random Hugging Face Qwen3.5 model is built in memory (no downloads; transformers needed), saved, and
+loaded by gdn-deploy. Throughput (tokens/s, median of --repeats after a warm-up):
+- prefill: prompt tokens of the batch / time of the one packed prefill call (ours) or of HF's forward on the
+  [prompts, prompt_len] batch (equal lengths: HF needs no padding);
+- decode: tokens produced by the decode steps / their time (ours: one call per step for the batch; HF: the time of
+  generate(max_new_tokens=1 + new) minus generate(max_new_tokens=1), i.e. its cached decode steps).
+
+--device cpu (default): onnxruntime CPU on the exported fp32 graphs (gdn nodes through their function bodies),
+our PyTorch model (fp32, the reference GDN path) and HF eager (its PyTorch fallback). --device cuda: our PyTorch
+model in bf16 on the gdn CUDA kernels and HF in bf16 (FLA's kernels when fla-core is importable: HF picks them
+up itself) on the same GPU. Configs: ``tiny`` (hidden 256, 4 layers, GDN K=V=128) and ``mid`` (Qwen3.5-0.8B shapes:
+hidden 1024, 8/2 attention heads of 256, 16 GDN heads K=V=128, MLP 3584, with 4 layers (3 GDN + 1 attention) and a
+32K vocabulary instead of 24 layers and 248K). Writes bench_generate.json and a markdown table to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CONFIGS = {
+    "tiny": dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                 linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4),
+    "mid": dict(vocab_size=32768, hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+                linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4),
+}
+LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+
+
+def build_hf(name: str, folder: Path):
+    import transformers as tf
+    c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=8192, tie_word_embeddings=True,
+             rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
+                                  mrope_section=[11, 11, 10], mrope_interleaved=True))
+    torch.manual_seed(0)
+    model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**c)).eval()
+    with torch.no_grad():     # non-trivial gates so the GDN state does real work
+        for m in model.modules():
+            if hasattr(m, "A_log") and hasattr(m, "dt_bias"):
+                m.A_log.uniform_(-2.0, 1.0)
+                m.dt_bias.uniform_(-1.0, 1.0)
+    model.save_pretrained(str(folder))
+    return model
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def bench_ours(folder, backend, prompts, new, repeats):
+    from gdn_deploy.runtime.generation import generate
+    generate(folder, backend, prompts, min(new, 4), eos_token_ids=[])            # warm-up
+    pre, dec = [], []
+    for _ in range(repeats):
+        r = generate(folder, backend, prompts, new, eos_token_ids=[])
+        pre.append(sum(len(p) for p in prompts) / r.prefill_seconds)
+        dec.append(r.decode_tokens / r.decode_seconds)
+    return _median(pre), _median(dec), r.tokens
+
+
+def bench_hf(model, prompts, new, repeats, device):
+    ids = torch.tensor(prompts, device=device)
+    mask = torch.ones_like(ids)
+    model.generation_config.eos_token_id = None
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def timed(fn):
+        sync()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        return time.perf_counter() - t0, out
+
+    with torch.no_grad():
+        model(input_ids=ids)                                                       # warm-up
+        model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4)
+        pre, dec = [], []
+        for _ in range(repeats):
+            t_fwd, _ = timed(lambda: model(input_ids=ids))
+            t1, _ = timed(lambda: model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=1))
+            tn, out = timed(lambda: model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=1 + new))
+            pre.append(ids.numel() / t_fwd)
+            dec.append(ids.shape[0] * new / max(tn - t1, 1e-9))
+    return _median(pre), _median(dec), out[:, ids.shape[1]:].tolist()
+
+
+def _agreement(a, b) -> float:
+    """Fraction of generated positions where two runs agree, up to their first difference (a timing run's sanity
+    check: HF's default init gives near-uniform logits, where argmax ties split runs; the tests check equality)."""
+    same = total = 0
+    for x, y in zip(a, b):
+        total += len(x)
+        for u, v in zip(x, y):
+            if u != v:
+                break
+            same += 1
+    return same / max(total, 1)
+
+
+def fla_status() -> str:
+    try:
+        import fla  # noqa: F401
+        return f"fla {getattr(fla, '__version__', '?')}"
+    except ImportError:
+        return "no fla (HF's PyTorch fallback)"
+
+
+def run_config(name, args, rows):
+    from gdn_deploy.export.loading import load_targets
+    from gdn_deploy.export.model_export import ExportOptions, export_model
+    from gdn_deploy.runtime.backends import make_backend
+    from gdn_deploy.runtime.folder import ExportFolder
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_generate_{name}_"))
+    hf = build_hf(name, tmp / "hf")
+    gen = torch.Generator().manual_seed(1)
+    V = CONFIGS[name]["vocab_size"]
+    prompts = [torch.randint(0, V, (args.prompt_len,), generator=gen).tolist() for _ in range(args.prompts)]
+    shape = f"{args.prompts}x{args.prompt_len} +{args.new}"
+    if args.device == "cpu":
+        t0 = time.perf_counter()
+        export_model(load_targets(str(tmp / "hf"))[0], tmp / "out", ExportOptions(verify=False))
+        print(f"[{name}] exported in {time.perf_counter() - t0:.1f} s", flush=True)
+        folder = ExportFolder(tmp / "out")
+        for label, be in (("onnxruntime CPU (exported graphs, fp32)",
+                           make_backend("onnxruntime", folder, threads=args.threads)),
+                          ("gdn-deploy PyTorch CPU (fp32)", make_backend("torch", folder))):
+            p, d, toks = bench_ours(folder, be, prompts, args.new, args.repeats)
+            rows.append(dict(config=name, shape=shape, runtime=label, prefill_tok_s=p, decode_tok_s=d))
+            print(rows[-1], flush=True)
+        p, d, hf_toks = bench_hf(hf, prompts, args.new, args.repeats, "cpu")
+        rows.append(dict(config=name, shape=shape, runtime="HF transformers eager CPU (fp32)", prefill_tok_s=p,
+                         decode_tok_s=d, token_agreement=_agreement(toks, hf_toks)))
+        print(rows[-1], flush=True)
+    else:
+        import gdn_deploy.ops  # noqa: F401  (registers the CUDA kernels)
+        from gdn_deploy import kernels
+        st = kernels.status()
+        if not st.available:
+            raise SystemExit(f"bench_generate: gdn CUDA kernels unavailable: {st.reason}")
+        t0 = time.perf_counter()
+        export_model(load_targets(str(tmp / "hf"))[0], tmp / "out", ExportOptions(verify=False, precision="bf16",
+                                                                                    graphs=("prefill", "decode")))
+        print(f"[{name}] exported (sidecar for the runtime) in {time.perf_counter() - t0:.1f} s", flush=True)
+        folder = ExportFolder(tmp / "out")
+        be = make_backend("torch", folder, device="cuda")
+        p, d, toks = bench_ours(folder, be, prompts, args.new, args.repeats)
+        rows.append(dict(config=name, shape=shape, runtime="gdn-deploy PyTorch on gdn CUDA kernels (bf16)",
+                         prefill_tok_s=p, decode_tok_s=d))
+        print(rows[-1], flush=True)
+        hf16 = hf.to("cuda", torch.bfloat16)
+        p, d, hf_toks = bench_hf(hf16, prompts, args.new, args.repeats, "cuda")
+        rows.append(dict(config=name, shape=shape, runtime=f"HF transformers bf16 ({fla_status()})",
+                         prefill_tok_s=p, decode_tok_s=d, token_agreement=_agreement(toks, hf_toks)))
+        print(rows[-1], flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="tiny,mid")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads of torch and onnxruntime alike (default 1: comparable, and stable on a shared "
+                         "machine where oversubscribed OpenMP threads slow torch down many times)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "results"))
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    from gdn_deploy.errors import quiet_warnings
+    quiet_warnings(True)
+    rows: list[dict] = []
+    for name in args.configs.split(","):
+        run_config(name.strip(), args, rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(device=args.device, torch=torch.__version__, threads=torch.get_num_threads(),
+               gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
+    (out / "bench_generate.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
+    lines = ["| config | batch | runtime | prefill tok/s | decode tok/s |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['shape']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "
+                     f"{r['decode_tok_s']:.1f} |")
+    (out / "bench_generate.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
