@@ -74,6 +74,42 @@ def bench_ours(folder, backend, prompts, new, repeats):
     return _median(pre), _median(dec), r.tokens
 
 
+def bench_model_cuda(model, prompts, new, repeats):
+    """Our HybridLM on the GPU (GDN layers on the gdn CUDA kernels): one packed prefill, one decode per step."""
+    from gdn_deploy.lm.generate import pack_prompts
+    from gdn_deploy.lm.model import decode_states_from_prefill
+    ids, cu = pack_prompts(prompts, "cuda")
+    lens = torch.tensor([len(p) for p in prompts], device="cuda")
+    cap = int(lens.max()) + new
+
+    def once(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        logits, st = model.forward_prefill(ids, cu, last_only=True)
+        torch.cuda.synchronize()
+        t_pre = time.perf_counter() - t0
+        st = decode_states_from_prefill(model.hybrid_config, st, cu, cap)
+        pos, toks = lens.clone(), []
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            nxt = logits.float().argmax(-1)
+            toks.append(nxt)
+            logits, st = model.forward_decode(nxt, pos, st)
+            pos = pos + 1
+        torch.cuda.synchronize()
+        return t_pre, time.perf_counter() - t0, torch.stack(toks, 1).tolist()
+
+    with torch.no_grad():
+        once(4)                                                                   # warm-up
+        pre, dec = [], []
+        for _ in range(repeats):
+            t_pre, t_dec, toks = once(new)
+            pre.append(ids.numel() / t_pre)
+            dec.append(len(prompts) * new / t_dec)
+    return _median(pre), _median(dec), toks
+
+
 def bench_hf(model, prompts, new, repeats, device):
     ids = torch.tensor(prompts, device=device)
     mask = torch.ones_like(ids)
@@ -156,13 +192,9 @@ def run_config(name, args, rows):
         st = kernels.status()
         if not st.available:
             raise SystemExit(f"bench_generate: gdn CUDA kernels unavailable: {st.reason}")
-        t0 = time.perf_counter()
-        export_model(load_targets(str(tmp / "hf"))[0], tmp / "out", ExportOptions(verify=False, precision="bf16",
-                                                                                    graphs=("prefill", "decode")))
-        print(f"[{name}] exported (sidecar for the runtime) in {time.perf_counter() - t0:.1f} s", flush=True)
-        folder = ExportFolder(tmp / "out")
-        be = make_backend("torch", folder, device="cuda")
-        p, d, toks = bench_ours(folder, be, prompts, args.new, args.repeats)
+        from gdn_deploy.lm.hf_folder import load_hf_causal_lm
+        model = load_hf_causal_lm(tmp / "hf", dtype=torch.bfloat16).to("cuda")
+        p, d, toks = bench_model_cuda(model, prompts, args.new, args.repeats)
         rows.append(dict(config=name, shape=shape, runtime="gdn-deploy PyTorch on gdn CUDA kernels (bf16)",
                          prefill_tok_s=p, decode_tok_s=d))
         print(rows[-1], flush=True)

@@ -18,7 +18,11 @@ the model came from, and suggested TensorRT optimisation profiles::
      "interop": null, "gdn_body": "chunked", "config_hash": sha256 of the model's kind + config}
 
 Shapes are lists of ints and dim symbols: ``T`` (packed prefill tokens), ``N`` (prefill
-sequences; ``N+1`` for cu_seqlens), ``B`` (decode batch), ``P`` (state pool rows).
+sequences; ``N+1`` for cu_seqlens), ``B`` (decode batch), ``P`` (state pool rows), ``S`` (KV-cache
+capacity of a whole hybrid model's decode graph). A whole hybrid model (``kind: "hybrid"``) adds
+``states`` (every state tensor: layer, kind, role, dtype, prefill output, decode input/output, shapes),
+``generation`` (eos ids, position limit, prefill logits "last"/"all") and ``tokenizer``
+(:mod:`gdn_deploy.export.hybrid_export`).
 ``file`` is what onnxruntime runs (gdn nodes with their ONNX function bodies); ``tensorrt_file`` is the
 TensorRT-ready copy (bodies removed, every gdn node marked for the plugins), absent when the graph has no gdn
 nodes (``--interop`` exports).
