@@ -206,7 +206,7 @@ __device__ __forceinline__ float sigmoidF(float x)
 struct Gate
 {
     float g;     // log decay (<= 0)
-    float beta;  // in [0, 1]
+    float beta;  // in [0, 2] (OLMo-Hybrid doubles sigmoid(b))
 };
 
 __device__ __forceinline__ Gate computeGate(
