@@ -9,6 +9,7 @@ Head dims are small and not the CUDA kernels' (the reference path runs on CPU); 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -132,3 +133,29 @@ def build(family: str, gen: torch.Generator, gpu: bool = False, **overrides):
 def save(model, path) -> None:
     """save_pretrained into ``path`` (safetensors; per-expert MoE and OLMo's split convs as transformers writes them)."""
     model.save_pretrained(str(path))
+
+
+_KERNEL_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "chunk_gated_delta_rule",
+                     "fused_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update")
+
+
+@contextlib.contextmanager
+def hf_torch_path(model):
+    """Within the block, ``model``'s modeling module runs HF's own PyTorch functions, not FLA / causal-conv1d
+    kernels even where those are installed (they are CUDA-only: a CPU reference would fail, and in float32 they
+    may use tf32). transformers wraps each such function with functools.wraps: ``__wrapped__`` is the torch path."""
+    import sys
+    mods = {sys.modules[type(m).__module__] for m in model.modules()
+            if type(m).__module__.startswith("transformers.models.")}
+    saved = []
+    for mod in mods:
+        for name in _KERNEL_FUNCTIONS:
+            fn = getattr(mod, name, None)
+            if fn is not None and hasattr(fn, "__wrapped__"):
+                saved.append((mod, name, fn))
+                setattr(mod, name, fn.__wrapped__)
+    try:
+        yield
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)

@@ -78,7 +78,7 @@ def test_fp32_on_kernels_matches_hf(kernels, gen, family, tmp_path, monkeypatch)
     with torch.no_grad():
         logits, _ = ours.forward_prefill(ids, cu)
     assert calls["prefill"] == len(ours.hybrid_config.gdn_layers()), calls
-    with torch.no_grad():
+    with torch.no_grad(), tiny.hf_torch_path(hf):
         ref = torch.cat([hf(input_ids=torch.tensor([p])).logits[0] for p in prompts])
     e = rel_err(logits.cpu(), ref)
     assert e <= FP32_TOL, f"{family}: fp32 logits rel err {e:.2e} > {FP32_TOL}"
@@ -86,11 +86,12 @@ def test_fp32_on_kernels_matches_hf(kernels, gen, family, tmp_path, monkeypatch)
     got = greedy_generate(ours, prompts, NEW)
     assert calls["decode"] >= (NEW - 1) * len(ours.hybrid_config.gdn_layers()), calls
     for p, g in zip(prompts, got):
-        want = _hf_generate(hf, p, "cpu")
+        with tiny.hf_torch_path(hf):
+            want = _hf_generate(hf, p, "cpu")
         for j, (a, b) in enumerate(zip(g, want)):
             if a == b:
                 continue
-            with torch.no_grad():        # a difference is allowed only at a near-tie of the reference
+            with torch.no_grad(), tiny.hf_torch_path(hf):   # a difference is allowed only at a near-tie
                 lg = hf(input_ids=torch.tensor([p + want[:j]])).logits[0, -1]
             gap = float((lg[b] - lg[a]).abs())
             assert gap <= 1e-3, f"{family}: token {j} is {a}, HF {b}, reference gap {gap:.2e} (no near-tie)"
