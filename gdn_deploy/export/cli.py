@@ -26,8 +26,8 @@ MODEL may be:
 
 Output (OUTDIR, default ./gdn_onnx): prefill.onnx, decode.onnx (and decode_pool.onnx) for
 onnxruntime (the gdn nodes carry function bodies), their TensorRT-ready copies prefill.trt.onnx, ...
-(bodies removed: every gdn node must become the gdn plugin), plus gdn_model.json (config, I/O names, shapes, dtypes, TensorRT optimisation profiles) that
-gdn-build and gdn-check read, and per graph <graph>_inputs.json / <graph>_reference.json: a small
+(bodies removed: every gdn node must become the gdn plugin), plus gdn_model.json (config, I/O
+names, shapes, dtypes, state tensors, TensorRT optimisation profiles) that gdn-build and gdn-check read, and per graph <graph>_inputs.json / <graph>_reference.json: a small
 random feed and the model's float32 PyTorch outputs on it (Polygraphy's formats). The export is
 then checked exactly as `gdn-check OUTDIR` checks it: onnxruntime against that float32
 reference, with the tolerance of the precision (gdn_model.json says which).
@@ -51,8 +51,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gdn-export", description="Export a Gated DeltaNet model (GDNLM, GDNBlock or the GDN layers "
-                "of a Hugging Face Qwen3-Next/Qwen3.5 model) to ONNX with gdn custom ops.",
+    p = _Parser(prog="gdn-export", description="Export a Gated DeltaNet model to ONNX with gdn custom ops: a whole "
+                "Hugging Face Qwen3-Next / Qwen3.5 / Qwen3.5-MoE / OLMo-Hybrid causal LM, a gdn-deploy GDNLM or "
+                "GDNBlock checkpoint, or the bundled tiny model.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default="default", metavar="MODEL",
                    help="model to export (default: the bundled tiny model); see below")
