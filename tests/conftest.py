@@ -10,6 +10,7 @@ Helpers:
   argument dicts for :func:`gdn_deploy.reference.prefill_ref` / ``decode_ref`` (positional tensors
   under their spec names, attributes separate), in any dtype.
 - fixtures ``seed`` (int) and ``gen`` (a ``torch.Generator`` seeded with it).
+- ``single_node_model(op, attrs, inp, dtype, body, opset)``: an ONNX model of one gdn node with its function bodies.
 """
 from __future__ import annotations
 
@@ -175,3 +176,27 @@ class DecodeOp(torch.nn.Module):
 
     def forward(self, q, k, v, g, beta, state):
         return torch.ops.gdn.decode(q, k, v, g, beta, state)
+
+
+def single_node_model(op, attrs, inp: dict[str, Any], dtype: torch.dtype, body: str = "chunked", opset: int = 20):
+    """An ONNX model of one gdn node (inputs compacted as the spec says) with its function bodies (``body`` for
+    prefill), checked; returns ``(model, feeds in input order)``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from gdn_deploy.export.onnx_functions import add_function_bodies
+    from gdn_deploy.spec import SPEC
+    elem = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16,
+            torch.bfloat16: TensorProto.BFLOAT16, torch.int32: TensorProto.INT32}
+    names = op.input_names(attrs)
+    feeds = [inp[n] for n in names]
+    ins = [helper.make_tensor_value_info(n, elem[t.dtype], [None] * t.dim()) for n, t in zip(names, feeds)]
+    outs = [helper.make_tensor_value_info(op.outputs[0].name, elem[dtype], [None] * 3),
+            helper.make_tensor_value_info(op.outputs[1].name, TensorProto.FLOAT, [None] * 4)]
+    node = helper.make_node(op.name, names, [o.name for o in outs], domain=SPEC.domain, **attrs)
+    model = helper.make_model(helper.make_graph([node], "one_gdn_node", ins, outs), ir_version=10,
+                              opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(SPEC.domain, 1)])
+    add_function_bodies(model, body)
+    onnx.checker.check_model(model, full_check=True)
+    return model, feeds
+

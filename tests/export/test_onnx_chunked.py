@@ -9,39 +9,21 @@ import torch
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper  # noqa: E402
 
 from conftest import (call_decode_ref, call_prefill_ref, cast_inputs, make_decode_inputs,  # noqa: E402
-                      make_prefill_inputs, rel_err)
+                      make_prefill_inputs, rel_err, single_node_model)
 from gdn_deploy.export.onnx_chunked import packing_model  # noqa: E402
 from gdn_deploy.export.onnx_functions import (BODY_METADATA_KEY, add_function_bodies, function_body,  # noqa: E402
                                               make_function)
 from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import DECODE, PREFILL, SPEC  # noqa: E402
 
-_ELEM = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16,
-         torch.int32: TensorProto.INT32}
 FP32_TOL = SPEC.kernel_tolerance("float32")          # 1e-4, norm-relative vs float64
 EDGE_LENGTHS = [0, 1, 63, 64, 65, 1000]
 
 
-def _model(op, attrs, inp: dict, dtype, body="chunked", opset=20):
-    """A graph with one gdn node and the function bodies; returns (model, feeds in input order)."""
-    names = op.input_names(attrs)
-    feeds = [inp[n] for n in names]
-    ins = [helper.make_tensor_value_info(n, _ELEM[t.dtype], [None] * t.dim()) for n, t in zip(names, feeds)]
-    outs = [helper.make_tensor_value_info(op.outputs[0].name, _ELEM[dtype], [None] * 3),
-            helper.make_tensor_value_info(op.outputs[1].name, TensorProto.FLOAT, [None] * 4)]
-    node = helper.make_node(op.name, names, [o.name for o in outs], domain=SPEC.domain, **attrs)
-    model = helper.make_model(helper.make_graph([node], "one_gdn_node", ins, outs), ir_version=10,
-                              opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(SPEC.domain, 1)])
-    add_function_bodies(model, body)
-    onnx.checker.check_model(model, full_check=True)
-    return model, feeds
-
-
 def _run_prefill(inp, attrs, dtype=torch.float32, body="chunked", opset=20):
-    model, feeds = _model(PREFILL, attrs, cast_inputs(inp, dtype), dtype, body, opset)
+    model, feeds = single_node_model(PREFILL, attrs, cast_inputs(inp, dtype), dtype, body, opset)
     o, s = run_onnxruntime(model, feeds).values()
     return o, s, feeds
 
@@ -111,7 +93,7 @@ def test_low_precision_io(gen, dtype):
     inp = cast_inputs(make_prefill_inputs(gen, [5, 0, 130], 1, 2, K=16, V=16, gate_mode=1, use_qk_l2norm=1), dtype)
     attrs = PREFILL.attrs(gate_mode=1, use_qk_l2norm=1)
     o_ref, s_ref = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64), **attrs)
-    model, feeds = _model(PREFILL, attrs, inp, dtype)
+    model, feeds = single_node_model(PREFILL, attrs, inp, dtype)
     o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == dtype and s.dtype == torch.float32
     assert rel_err(o, o_ref) < SPEC.kernel_tolerance(str(dtype).replace("torch.", "")) and rel_err(s, s_ref) < FP32_TOL
@@ -178,7 +160,7 @@ def test_body_choice_is_recorded_and_token_body_agrees(gen):
     attrs = PREFILL.attrs(use_qk_l2norm=1)
     o64, s64 = call_prefill_ref(inp, **attrs)
     for body in ("chunked", "token"):
-        model, feeds = _model(PREFILL, attrs, cast_inputs(inp, torch.float32), torch.float32, body)
+        model, feeds = single_node_model(PREFILL, attrs, cast_inputs(inp, torch.float32), torch.float32, body)
         assert function_body(model) == body
         assert [p.value for p in model.metadata_props if p.key == BODY_METADATA_KEY] == [body]
         assert body in model.functions[0].doc_string
@@ -233,6 +215,6 @@ def test_decode_body_is_one_step(gen, state_mode):
                              pool_size=6 if state_mode else None)
     io = cast_inputs(inp, torch.float32)
     o_ref, s_ref = call_decode_ref(inp, **attrs)
-    model, feeds = _model(DECODE, attrs, io, torch.float32)
+    model, feeds = single_node_model(DECODE, attrs, io, torch.float32)
     o, s = run_onnxruntime(model, feeds).values()
     assert rel_err(o, o_ref) < FP32_TOL and rel_err(s, s_ref) < FP32_TOL

@@ -11,6 +11,7 @@ pytest.importorskip("onnxscript")
 from onnx import TensorProto, helper  # noqa: E402
 
 from conftest import (DECODE_ORDER, PREFILL_ORDER, DecodeOp, PrefillOp, call_decode_ref, call_prefill_ref,  # noqa: E402
+                      single_node_model,
                       cast_inputs, make_decode_inputs, make_prefill_inputs, ordered_args,
                       ordered_dynamic_shapes, rel_err)
 from gdn_deploy.export.onnx_functions import overload_name  # noqa: E402
@@ -19,24 +20,7 @@ from gdn_deploy.export.onnx_ops import (add_function_bodies, export_program, gdn
 from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import DECODE, PREFILL, SPEC  # noqa: E402
 
-_ELEM = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16,
-         torch.int32: TensorProto.INT32}
 FP32_TOL = 1e-5
-
-
-def _single_node_model(op, attrs, inp: dict, dtype, body: str = "chunked") -> tuple[onnx.ModelProto, list[torch.Tensor]]:
-    """A graph with one gdn node (inputs compacted as the spec says) + function bodies (``body`` for prefill)."""
-    names = op.input_names(attrs)
-    feeds = [inp[n] for n in names]
-    ins = [helper.make_tensor_value_info(n, _ELEM[t.dtype], [None] * t.dim()) for n, t in zip(names, feeds)]
-    outs = [helper.make_tensor_value_info(op.outputs[0].name, _ELEM[dtype], [None] * 3),
-            helper.make_tensor_value_info(op.outputs[1].name, TensorProto.FLOAT, [None] * 4)]
-    node = helper.make_node(op.name, names, [o.name for o in outs], domain=SPEC.domain, **attrs)
-    model = helper.make_model(helper.make_graph([node], "one_gdn_node", ins, outs), ir_version=10,
-                              opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(SPEC.domain, 1)])
-    add_function_bodies(model, body)
-    onnx.checker.check_model(model, full_check=True)
-    return model, feeds
 
 
 # ---- schemas and translation table ------------------------------------------------------------------
@@ -97,7 +81,7 @@ def test_prefill_body_varlen_matches_reference(gen, gate_mode, use_qk_l2norm, he
     attrs = PREFILL.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm,
                           scale=0.3 if gate_mode else 0.0)
     o64, s64 = call_prefill_ref(inp, **attrs)
-    model, feeds = _single_node_model(PREFILL, attrs, cast_inputs(inp, torch.float32), torch.float32, body)
+    model, feeds = single_node_model(PREFILL, attrs, cast_inputs(inp, torch.float32), torch.float32, body)
     assert model.graph.node[0].overload == overload_name(PREFILL, attrs)
     o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == torch.float32 and o.shape == o64.shape and s.shape == s64.shape
@@ -112,7 +96,7 @@ def test_prefill_body_low_precision_io(gen, dtype, body):
     inp = cast_inputs(make_prefill_inputs(gen, [5, 0, 20], 1, 2, K=16, V=16, gate_mode=1, use_qk_l2norm=1), dtype)
     attrs = PREFILL.attrs(gate_mode=1, use_qk_l2norm=1)
     o_ref, s_ref = call_prefill_ref(cast_inputs(inp, torch.float64, torch.float64), **attrs)
-    model, feeds = _single_node_model(PREFILL, attrs, inp, dtype, body)
+    model, feeds = single_node_model(PREFILL, attrs, inp, dtype, body)
     o, s = run_onnxruntime(model, feeds).values()
     assert o.dtype == dtype and s.dtype == torch.float32
     tol = SPEC.kernel_tolerance(str(dtype).replace("torch.", ""))
@@ -122,7 +106,7 @@ def test_prefill_body_low_precision_io(gen, dtype, body):
 @pytest.mark.parametrize("body", ["chunked", "token"])
 def test_prefill_body_no_sequences(gen, body):
     inp = cast_inputs(make_prefill_inputs(gen, [], 2, 2, K=8, V=8), torch.float32)
-    model, feeds = _single_node_model(PREFILL, PREFILL.attrs(), inp, torch.float32, body)
+    model, feeds = single_node_model(PREFILL, PREFILL.attrs(), inp, torch.float32, body)
     o, s = run_onnxruntime(model, feeds).values()
     assert o.shape == (0, 2, 8) and s.shape == (0, 2, 8, 8)
 
@@ -139,7 +123,7 @@ def test_decode_body_matches_reference(gen, pool, gate_mode, dtype):
     attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=1, state_mode=int(pool))
     io = cast_inputs(inp, dtype)
     o_ref, s_ref = call_decode_ref(cast_inputs(io, torch.float64, torch.float64), **attrs)
-    model, feeds = _single_node_model(DECODE, attrs, io, dtype)
+    model, feeds = single_node_model(DECODE, attrs, io, dtype)
     o, s = run_onnxruntime(model, feeds).values()
     tol = FP32_TOL if dtype == torch.float32 else SPEC.kernel_tolerance(str(dtype).replace("torch.", ""))
     assert o.dtype == dtype and rel_err(o, o_ref) < tol and rel_err(s, s_ref) < FP32_TOL
@@ -153,7 +137,7 @@ def test_decode_body_matches_reference(gen, pool, gate_mode, dtype):
 
 def test_add_function_bodies_idempotent_and_checks_inputs(gen):
     inp = cast_inputs(make_decode_inputs(gen, 2, 1, 1, K=8, V=8), torch.float32)
-    model, _ = _single_node_model(DECODE, DECODE.attrs(), inp, torch.float32)
+    model, _ = single_node_model(DECODE, DECODE.attrs(), inp, torch.float32)
     add_function_bodies(model)
     assert [(f.name, f.overload) for f in model.functions] == [("GatedDeltaDecode", "gate0_l2norm0_state0")]
     del model.graph.node[0].input[-1]

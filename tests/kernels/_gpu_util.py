@@ -40,3 +40,18 @@ SCAN_CONFIGS = (("wgmma", True), ("wgmma_beside", True), ("wgmma", False), ("wgm
 def scan_configs(kernels, K, configs=SCAN_CONFIGS):
     """The configurations of `configs` that run on this device and build for head dim K."""
     return [(s, t) for s, t in configs if kernels.launch.prefill_scan_runs(kernels.LIB, s, K)]
+
+
+def count_kernel_launches(monkeypatch) -> dict[str, int]:
+    """Count the prefill / decode launches that reach the CUDA kernels (``launch.launch_*``) from now on."""
+    import gdn_deploy.kernels as k
+    n = {"prefill": 0, "decode": 0}
+    for op in n:
+        real = getattr(k.launch, f"launch_{op}")
+
+        def counted(*a, _op=op, _real=real, **kw):
+            n[_op] += 1
+            return _real(*a, **kw)
+        monkeypatch.setattr(k.launch, f"launch_{op}", counted)
+    return n
+

@@ -17,6 +17,8 @@ import torch
 import hf_tiny_models as tiny
 from conftest import rel_err
 
+from ._gpu_util import count_kernel_launches
+
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[test])")
 
 DEVICE = "cuda"
@@ -61,24 +63,6 @@ def _routed(model):
         yield
 
 
-def _calls(monkeypatch):
-    """Count the gdn op calls that reach the CUDA kernels."""
-    import gdn_deploy.kernels as k
-    n = {"prefill": 0, "decode": 0}
-    real_p, real_d = k.launch.launch_prefill, k.launch.launch_decode
-
-    def lp(*a, **kw):
-        n["prefill"] += 1
-        return real_p(*a, **kw)
-
-    def ld(*a, **kw):
-        n["decode"] += 1
-        return real_d(*a, **kw)
-    monkeypatch.setattr(k.launch, "launch_prefill", lp)
-    monkeypatch.setattr(k.launch, "launch_decode", ld)
-    return n
-
-
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 def test_hf_model_routed_to_kernels_matches_hf(kernels, seed, family, monkeypatch):
     """bf16 model: our path must be as close to the model's fp32 logits as HF's own bf16 path is.
@@ -89,7 +73,7 @@ def test_hf_model_routed_to_kernels_matches_hf(kernels, seed, family, monkeypatc
     model32 = copy.deepcopy(model).float()
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 256, (2, 300), generator=gen).cuda()
-    calls = _calls(monkeypatch)
+    calls = count_kernel_launches(monkeypatch)
     with torch.no_grad():
         with tiny.hf_torch_path(model32):      # the fp32 truth: HF's own torch path, not FLA's tf32 kernels
             ref32 = model32(ids).logits.float()

@@ -17,6 +17,8 @@ import torch
 
 from conftest import rel_err
 
+from ._gpu_util import count_kernel_launches
+
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[test])")
 import hf_tiny_models as tiny  # noqa: E402
 
@@ -27,23 +29,6 @@ FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid"]
 FP32_TOL = 1e-4
 BF16_FLOOR = 3e-2
 NEW = 24
-
-
-def _calls(monkeypatch):
-    import gdn_deploy.kernels as k
-    n = {"prefill": 0, "decode": 0}
-    real_p, real_d = k.launch.launch_prefill, k.launch.launch_decode
-
-    def lp(*a, **kw):
-        n["prefill"] += 1
-        return real_p(*a, **kw)
-
-    def ld(*a, **kw):
-        n["decode"] += 1
-        return real_d(*a, **kw)
-    monkeypatch.setattr(k.launch, "launch_prefill", lp)
-    monkeypatch.setattr(k.launch, "launch_decode", ld)
-    return n
 
 
 def _models(family, gen, tmp_path):
@@ -73,7 +58,7 @@ def test_fp32_on_kernels_matches_hf(kernels, gen, family, tmp_path, monkeypatch)
     hf, ours = _models(family, gen, tmp_path)
     ours = ours.cuda()
     prompts = _prompts(gen)
-    calls = _calls(monkeypatch)
+    calls = count_kernel_launches(monkeypatch)
     ids, cu = pack_prompts(prompts, "cuda")
     with torch.no_grad():
         logits, _ = ours.forward_prefill(ids, cu)
@@ -105,7 +90,7 @@ def test_bf16_on_kernels_as_close_to_fp32_as_hf_bf16(kernels, gen, family, tmp_p
     hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
     ours = ours.to("cuda", torch.bfloat16)
     prompts = _prompts(gen)
-    calls = _calls(monkeypatch)
+    calls = count_kernel_launches(monkeypatch)
     with torch.no_grad():
         ids, cu = pack_prompts(prompts, "cuda")
         mine = ours.forward_prefill(ids, cu)[0].float()
