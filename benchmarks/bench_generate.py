@@ -74,8 +74,10 @@ def bench_ours(folder, backend, prompts, new, repeats):
     return _median(pre), _median(dec), r.tokens
 
 
-def bench_model_cuda(model, prompts, new, repeats):
-    """Our HybridLM on the GPU (GDN layers on the gdn CUDA kernels): one packed prefill, one decode per step."""
+def bench_model_cuda(model, prompts, new, repeats, attention="auto"):
+    """Our HybridLM on the GPU (GDN layers on the gdn CUDA kernels): one packed prefill, one decode per step.
+    ``attention``: forward_prefill's form of per-sequence attention ("spans": fused per sequence, eager's
+    default; "mask": the [T, T] block-diagonal mask the exported graphs hold)."""
     from gdn_deploy.lm.generate import pack_prompts
     from gdn_deploy.lm.model import decode_states_from_prefill
     ids, cu = pack_prompts(prompts, "cuda")
@@ -85,7 +87,7 @@ def bench_model_cuda(model, prompts, new, repeats):
     def once(n):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        logits, st = model.forward_prefill(ids, cu, last_only=True)
+        logits, st = model.forward_prefill(ids, cu, last_only=True, attention=attention)
         torch.cuda.synchronize()
         t_pre = time.perf_counter() - t0
         st = decode_states_from_prefill(model.hybrid_config, st, cu, cap)
@@ -194,10 +196,13 @@ def run_config(name, args, rows):
             raise SystemExit(f"bench_generate: gdn CUDA kernels unavailable: {st.reason}")
         from gdn_deploy.lm.hf_folder import load_hf_causal_lm
         model = load_hf_causal_lm(tmp / "hf", dtype=torch.bfloat16).to("cuda")
-        p, d, toks = bench_model_cuda(model, prompts, args.new, args.repeats)
-        rows.append(dict(config=name, shape=shape, runtime="gdn-deploy PyTorch on gdn CUDA kernels (bf16)",
-                         prefill_tok_s=p, decode_tok_s=d))
-        print(rows[-1], flush=True)
+        for attention, how in (("spans", "fused attention per sequence"), ("mask", "block-diagonal mask")):
+            p, d, got = bench_model_cuda(model, prompts, args.new, args.repeats, attention)
+            if attention == "spans":
+                toks = got                           # the agreement with HF below is of the eager default
+            rows.append(dict(config=name, shape=shape, runtime=f"gdn-deploy PyTorch on gdn CUDA kernels (bf16), "
+                             f"prefill attention: {how}", prefill_tok_s=p, decode_tok_s=d))
+            print(rows[-1], flush=True)
         hf16 = hf.to("cuda", torch.bfloat16)
         p, d, hf_toks = bench_hf(hf16, prompts, args.new, args.repeats, "cuda")
         rows.append(dict(config=name, shape=shape, runtime=f"HF transformers bf16 ({fla_status()})",

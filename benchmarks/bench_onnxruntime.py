@@ -50,7 +50,7 @@ from gdn_deploy.export.graphs import example_feed, graph_plan  # noqa: E402
 from gdn_deploy.export.loading import load_targets  # noqa: E402
 from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
 from gdn_deploy.export.onnx_ops import export_program  # noqa: E402
-from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
+from gdn_deploy.export.runtimes import run_onnxruntime, session_settings  # noqa: E402
 from gdn_deploy.export.targets import ExportTarget  # noqa: E402
 from gdn_deploy.model import GDNBlock, GDNConfig  # noqa: E402
 
@@ -113,15 +113,29 @@ class Case:
         return path
 
 
-def session(path: Path, threads: int, provider: str, spin: bool):
+OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+              "all": "ORT_ENABLE_ALL"}
+
+
+def session(path: Path, threads: int, provider: str, spin: bool, opt_level: str = "all",
+            disabled: tuple[str, ...] = ()):
     import onnxruntime as ort
     so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
     if threads:
         so.intra_op_num_threads = threads
     if not spin:      # idle onnxruntime threads would otherwise busy-wait beside the next (torch) call
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    return ort.InferenceSession(str(path), so, providers=providers)
+    # with CUDA: TF32 off and the optimisers our files need off there (gdn_deploy.export.runtimes.session_settings)
+    kw = session_settings(["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda"
+                          else ["CPUExecutionProvider"])
+    kw["disabled_optimizers"] = list(dict.fromkeys(kw.get("disabled_optimizers", []) + list(disabled)))
+    sess = ort.InferenceSession(str(path), so, **kw)
+    if provider == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
+        # onnxruntime falls back to the CPU quietly when the CUDA provider cannot load: never report that as CUDA
+        raise SystemExit(f"bench_onnxruntime: the CUDA execution provider did not load (session providers "
+                         f"{sess.get_providers()}; available {ort.get_available_providers()})")
+    return sess
 
 
 def timed(call: Callable[[], list], reps: int) -> tuple[float, list]:
@@ -154,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin", action="store_true",
                     help="let onnxruntime's idle threads spin (its default; they then take CPU from the torch calls)")
     ap.add_argument("--check", action="store_true", help="errors vs the same computation in float64")
+    ap.add_argument("--ort-opt-level", choices=list(OPT_LEVELS), default="all",
+                    help="onnxruntime graph optimisation level (default all, onnxruntime's own default)")
+    ap.add_argument("--ort-disable", default="",
+                    help="comma-separated onnxruntime graph optimisers to turn off (session disabled_optimizers)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     runs = [r for r in args.runs.split(",") if r]
@@ -167,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import onnxruntime as ort
     print(f"onnxruntime {ort.__version__} ({args.provider}, intra-op threads {args.threads or 'default'}, "
-          f"spinning {'on' if args.spin else 'off'}), "
+          f"spinning {'on' if args.spin else 'off'}, graph optimisation {args.ort_opt_level}"
+          f"{', without ' + args.ort_disable if args.ort_disable else ''}), "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
           f"median of {args.reps} calls, one sequence")
     rows = []
@@ -196,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                                 return [o.cpu() for o in module(*dev_feed)]
                         return call
                 else:
-                    sess = session(case.export(r, Path(tmp) / name / r), args.threads, args.provider, args.spin)
+                    sess = session(case.export(r, Path(tmp) / name / r), args.threads, args.provider, args.spin,
+                                   args.ort_opt_level, tuple(x for x in args.ort_disable.split(",") if x))
 
                     def make_call(feed, sess=sess):
                         return lambda: list(run_onnxruntime(sess, feed).values())

@@ -92,16 +92,17 @@ def _flatten(layer_types, states, model_dtype) -> list[Tensor]:
 
 
 class HybridPrefillGraph(nn.Module):
-    """``moe_impl``: "dense" for export; the PyTorch runtime sets "routed"."""
+    """``moe_impl``: "dense" for export; the PyTorch runtime sets "routed". ``attention``: "mask" for export (a
+    graph with no host reads); the PyTorch runtime sets "spans" (fused causal attention per sequence)."""
 
     def __init__(self, model, all_logits: bool = False):
         super().__init__()
-        self.net, self.all_logits, self.moe_impl = model, all_logits, "dense"
+        self.net, self.all_logits, self.moe_impl, self.attention = model, all_logits, "dense", "mask"
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, positions: Tensor):
         self.net.set_moe_impl(self.moe_impl)
         logits, states = self.net.forward_prefill(input_ids, cu_seqlens, positions=positions,
-                                                  last_only=not self.all_logits)
+                                                  last_only=not self.all_logits, attention=self.attention)
         return (logits, *_flatten(self.net.hybrid_config.layer_types, states, self.net.dtype))
 
 

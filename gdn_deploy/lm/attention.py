@@ -16,8 +16,11 @@ against HF's rotary module).
 Two entry points, neither with data-dependent Python control flow (ONNX-exportable):
 
 - :meth:`Attention.prefill`: packed tokens ``[T, hidden]`` of N sequences, attention restricted to the same
-  sequence and causal (a ``[T, T]`` block-diagonal mask: O(T^2) scores); returns the output and the post-RoPE
-  keys / values ``[T, Hkv, D]`` of every token (a runtime scatters them into a decode cache);
+  sequence and causal; returns the output and the post-RoPE keys / values ``[T, Hkv, D]`` of every token (a
+  runtime scatters them into a decode cache). Two forms of "same sequence": a ``[T, T]`` block-diagonal mask
+  (``packed_causal_mask``; what the exported graphs hold: O(T^2) scores) or the sequences' spans as Python ints
+  (``packed_spans``; eager PyTorch: one causal ``scaled_dot_product_attention`` per sequence, or one batched call
+  when all lengths are equal, so the GPU runs its flash kernels and nothing outside a sequence is computed);
 - :meth:`Attention.decode`: one token per sequence with a KV cache ``[B, Hkv, S, D]`` (S = capacity); the new
   token's key/value are written at its position (``position < S``) and keys at ``j > position`` are masked.
 """
@@ -31,7 +34,8 @@ from torch import Tensor, nn
 
 from .norms import RMSNorm, wide
 
-__all__ = ["AttentionConfig", "Attention", "rope_inv_freq", "rope_cos_sin", "apply_rope", "packed_causal_mask"]
+__all__ = ["AttentionConfig", "Attention", "rope_inv_freq", "rope_cos_sin", "apply_rope", "packed_causal_mask",
+           "packed_spans"]
 
 QK_NORMS = ("head", "proj", "none")
 
@@ -114,6 +118,11 @@ def packed_causal_mask(cu_seqlens: Tensor, T: int) -> Tensor:
     return (seq[:, None] == seq[None, :]) & (tok[None, :] <= tok[:, None])
 
 
+def packed_spans(cu_seqlens: Tensor) -> tuple:
+    """cu_seqlens [N+1] -> the same offsets as a tuple of Python ints (one device-to-host copy; eager use only)."""
+    return tuple(int(v) for v in cu_seqlens.tolist())
+
+
 class Attention(nn.Module):
     def __init__(self, hidden_size: int, c: AttentionConfig):
         super().__init__()
@@ -162,11 +171,13 @@ class Attention(nn.Module):
         return self.o_proj(o)
 
     # ---- public API -----------------------------------------------------------------------------
-    def prefill(self, x: Tensor, positions: Tensor, mask: Tensor):
-        """x [T, hidden], positions [T] int, mask [T, T] bool (``packed_causal_mask``)
-        -> (y [T, hidden], k [T, Hkv, D], v [T, Hkv, D])."""
+    def prefill(self, x: Tensor, positions: Tensor, mask):
+        """x [T, hidden], positions [T] int, mask: ``[T, T]`` bool (``packed_causal_mask``) or the offsets of
+        ``packed_spans`` -> (y [T, hidden], k [T, Hkv, D], v [T, Hkv, D])."""
         T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v, gate = self._qkv(x, positions)
+        if not isinstance(mask, Tensor):
+            return self._out(self._attend_spans(q, k, v, mask), gate), k, v
         qh = q.permute(1, 0, 2).reshape(Hkv, H // Hkv, T, D)
         kh, vh = k.permute(1, 0, 2)[:, None], v.permute(1, 0, 2)[:, None]          # [Hkv, 1, T, D]
         scores = torch.matmul(qh, kh.transpose(-1, -2)) * self.scaling              # [Hkv, rep, T, T]
@@ -174,6 +185,29 @@ class Attention(nn.Module):
         p = torch.softmax(wide(scores), dim=-1).to(q.dtype)
         o = torch.matmul(p, vh).reshape(H, T, D).permute(1, 0, 2).reshape(T, H * D)
         return self._out(o, gate), k, v
+
+    def _attend_spans(self, q: Tensor, k: Tensor, v: Tensor, cu: tuple) -> Tensor:
+        """Causal attention within each span ``cu[i]:cu[i+1]`` of q [T, H, D], k, v [T, Hkv, D] -> [T, H*D]."""
+        T, H, D = q.shape
+        if len(cu) < 2 or cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu[:-1], cu[1:])):
+            raise ValueError(f"attention prefill: cu_seqlens {list(cu)} do not split the {T} packed tokens")
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        gqa = self.num_kv_heads != H
+        lens = {b - a for a, b in zip(cu[:-1], cu[1:])}
+        if T == 0:
+            return q.new_zeros(0, H * D)
+        if len(lens) == 1:                                      # equal lengths: one batched call
+            N, L = len(cu) - 1, T // (len(cu) - 1)
+            o = sdpa(*(t.reshape(N, L, -1, D).transpose(1, 2) for t in (q, k, v)), is_causal=True,
+                     scale=self.scaling, enable_gqa=gqa)        # [N, H, L, D]
+            return o.transpose(1, 2).reshape(T, H * D)
+        parts = []
+        for a, b in zip(cu[:-1], cu[1:]):
+            if b > a:
+                o = sdpa(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), is_causal=True, scale=self.scaling,
+                         enable_gqa=gqa)                        # [1, H, L, D]
+                parts.append(o[0].transpose(0, 1).reshape(b - a, H * D))
+        return torch.cat(parts, 0)
 
     def decode(self, x: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor):
         """x [B, hidden], positions [B] int (the new token's position = tokens already cached), caches

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Attention, packed_causal_mask
+from .attention import Attention, packed_causal_mask, packed_spans
 from .config import HybridConfig
 from .gdn import GDNBlock, GDNConfig
 from .mlp import MOE_IMPLS, SparseMoE, SwiGLU
@@ -32,6 +32,12 @@ __all__ = ["HybridLM", "GDNLM", "DecoderLayer", "decode_states_from_prefill", "g
            "positions_from_cu_seqlens", "scatter_packed"]
 
 LayerState = tuple[Tensor, Tensor]
+
+
+def _traced() -> bool:
+    """True inside torch.export / dynamo / TorchScript tracing (where host reads of cu_seqlens are not allowed)."""
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return bool(torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing())
 
 
 def positions_from_cu_seqlens(cu_seqlens: Tensor, T: int) -> Tensor:
@@ -142,17 +148,26 @@ class HybridLM(nn.Module):
         return self.forward_decode(*args, **kwargs)
 
     def forward_prefill(self, input_ids: Tensor, cu_seqlens: Tensor, states: Optional[Sequence] = None,
-                        positions: Optional[Tensor] = None, last_only: bool = False):
+                        positions: Optional[Tensor] = None, last_only: bool = False, attention: str = "auto"):
         """input_ids [T] packed, cu_seqlens [N+1] int32 -> (logits, states).
 
         logits: ``[T, vocab]``, or ``[N, vocab]`` at each sequence's last token with ``last_only`` (every
         sequence needs >= 1 token then). ``states``: per layer, a GDN ``(conv, rec)`` to continue from (None:
-        zeros) or None for attention layers. ``positions`` [T] (default: 0.. within each sequence) drive RoPE."""
+        zeros) or None for attention layers. ``positions`` [T] (default: 0.. within each sequence) drive RoPE.
+        ``attention``: how attention layers keep to each sequence: "mask" (a ``[T, T]`` block-diagonal mask, as
+        the exported graphs do), "spans" (one fused causal attention per sequence; reads cu_seqlens on the host)
+        or "auto" (spans in eager mode, the mask while traced or exported)."""
         T = input_ids.shape[0]
         st = self._check_states(states, "prefill")
         if positions is None:
             positions = positions_from_cu_seqlens(cu_seqlens, T)
-        mask = packed_causal_mask(cu_seqlens, T) if self.hybrid_config.attention_layers() else None
+        mask = None
+        if self.hybrid_config.attention_layers():
+            if attention not in ("auto", "mask", "spans"):
+                raise ValueError(f"forward_prefill attention: expected auto, mask or spans, got {attention!r}")
+            if attention == "auto":
+                attention = "mask" if _traced() else "spans"
+            mask = packed_causal_mask(cu_seqlens, T) if attention == "mask" else packed_spans(cu_seqlens)
         h = self.embed_tokens(input_ids)
         out = []
         for layer, s in zip(self.layers, st):

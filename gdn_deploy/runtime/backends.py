@@ -50,6 +50,8 @@ class TorchBackend:
             plan = graph_plan(target, g)
             if hasattr(plan.module, "moe_impl"):
                 plan.module.moe_impl = "routed"
+            if hasattr(plan.module, "attention"):
+                plan.module.attention = "spans"
             plan.module.to(self.device)
             self.plans[g] = plan
         self.model = target.module
@@ -66,13 +68,15 @@ class OnnxRuntimeBackend:
 
     def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None):
         import onnxruntime as ort
+
+        from ..export.runtimes import onnxruntime_session
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.sessions = {}
         for g in ("prefill", "decode"):
             try:
-                self.sessions[g] = ort.InferenceSession(str(folder.graph_file(g)), opts, providers=list(providers))
+                self.sessions[g] = onnxruntime_session(folder.graph_file(g), providers, opts)
             except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
                 raise LoadError(f"{folder.graph_file(g)}: onnxruntime cannot load it: {first_line(e)}") from None
         self.device = torch.device("cpu")

@@ -218,3 +218,23 @@ def test_decode_body_is_one_step(gen, state_mode):
     model, feeds = single_node_model(DECODE, attrs, io, torch.float32)
     o, s = run_onnxruntime(model, feeds).values()
     assert rel_err(o, o_ref) < FP32_TOL and rel_err(s, s_ref) < FP32_TOL
+
+
+def test_cuda_sessions_get_the_settings_our_files_need():
+    """onnxruntime sessions made by the package: with the CUDA provider, TF32 off and ConstantFolding off (the
+    chunked body fails under that provider's folding: runtimes.CUDA_DISABLED_OPTIMIZERS); CPU sessions unchanged."""
+    from gdn_deploy.export.runtimes import session_settings
+    assert session_settings(["CPUExecutionProvider"]) == {"providers": ["CPUExecutionProvider"]}
+    kw = session_settings(["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert kw["providers"] == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    assert kw["disabled_optimizers"] == ["ConstantFolding"]
+    # what the CPU build of onnxruntime does with those arguments: it runs, on the CPU (no silent failure)
+    model, feeds = single_node_model(PREFILL, dict(gate_mode=0, use_qk_l2norm=0),
+                                     cast_inputs(make_prefill_inputs(torch.Generator().manual_seed(0), [70, 0, 5]),
+                                                 torch.float32), torch.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), **session_settings(["CPUExecutionProvider"]),
+                                disabled_optimizers=["ConstantFolding"])
+    o, s = run_onnxruntime(sess, feeds).values()
+    ref_o, ref_s = call_prefill_ref(make_prefill_inputs(torch.Generator().manual_seed(0), [70, 0, 5]),
+                                    gate_mode=0, use_qk_l2norm=0)
+    assert rel_err(o, ref_o) <= FP32_TOL and rel_err(s, ref_s) <= FP32_TOL

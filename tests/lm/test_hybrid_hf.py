@@ -74,12 +74,13 @@ def test_ragged_prefill_logits_match_hf(case, gen, tmp_path):
     hf, ours = _load(case, gen, tmp_path)
     prompts = _prompts(gen, [7, 1, 13, 4], ours.hybrid_config.vocab_size)
     ids, cu = pack_prompts(prompts)
-    with torch.no_grad():
-        all_logits, _ = ours.prefill(ids, cu)
-        last, _ = ours.prefill(ids, cu, last_only=True)
     ref = torch.cat([_hf_logits(hf, p) for p in prompts])
-    _assert_close(all_logits, ref, f"{case} all-token logits")
-    _assert_close(last, ref[cu[1:].long() - 1], f"{case} last-token logits")
+    for attention in ("spans", "mask"):             # eager PyTorch's form and the exported graphs' form
+        with torch.no_grad():
+            all_logits, _ = ours.prefill(ids, cu, attention=attention)
+            last, _ = ours.prefill(ids, cu, last_only=True, attention=attention)
+        _assert_close(all_logits, ref, f"{case} all-token logits ({attention})")
+        _assert_close(last, ref[cu[1:].long() - 1], f"{case} last-token logits ({attention})")
 
 
 def _decode_vs_prefill(model, full, K, M):

@@ -5,12 +5,59 @@ import pytest
 import torch
 
 from conftest import rel_err
-from gdn_deploy.lm.attention import rope_cos_sin, rope_inv_freq
+from gdn_deploy.lm.attention import (Attention, AttentionConfig, packed_causal_mask, packed_spans, rope_cos_sin,
+                                     rope_inv_freq)
 from gdn_deploy.lm.config import HybridConfig
 from gdn_deploy.lm.generate import check_prompt_lengths, greedy_generate, pack_prompts
 from gdn_deploy.lm.mlp import MoEConfig, SparseMoE
 from gdn_deploy.lm.model import GDNLM, HybridLM, decode_states_from_prefill, grow_decode_states
 from gdn_deploy.models import load_default_model
+
+
+# ---- attention within packed sequences ------------------------------------------------------------
+def _attention_f64_reference(layer, x, positions, lens):
+    """Per sequence, plain float64 softmax attention on the layer's own q/k/v (GQA by repeating heads)."""
+    q, k, v, gate = layer._qkv(x, positions)
+    rep = layer.num_heads // layer.num_kv_heads
+    out, start = [], 0
+    for n in lens:
+        qs, ks, vs = (t[start:start + n].double().transpose(0, 1) for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
+        s = qs @ ks.transpose(-1, -2) * layer.scaling
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        out.append((torch.softmax(s, -1) @ vs).transpose(0, 1).reshape(n, layer.num_heads * layer.head_dim))
+        start += n
+    o = torch.cat(out) if out else q.new_zeros(0, layer.num_heads * layer.head_dim).double()
+    return layer._out(o.to(x.dtype), gate).double()
+
+
+@pytest.mark.parametrize("lens", [[5, 0, 1, 9, 3], [6, 6, 6], [1], [0, 0], [64, 63, 65]])
+@pytest.mark.parametrize("heads,kv", [(4, 2), (6, 1), (3, 3)])
+@pytest.mark.parametrize("gate", [True, False])
+def test_packed_attention_spans_and_mask_agree_with_float64(lens, heads, kv, gate, gen):
+    """Both forms of 'attend within the same sequence' (the exported graphs' [T, T] mask, eager PyTorch's fused
+    attention per span) equal a float64 per-sequence softmax on ragged, equal, single and empty sequences."""
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    layer = Attention(32, AttentionConfig(heads, kv, 16, output_gate=gate, rotary_dim=8)).eval()
+    T = sum(lens)
+    x = torch.randn(T, 32, generator=gen)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+    pos = torch.cat([torch.arange(n) for n in lens]) if T else torch.zeros(0, dtype=torch.long)
+    with torch.no_grad():
+        ref = _attention_f64_reference(layer, x, pos, lens)
+        for form in (packed_causal_mask(cu, T), packed_spans(cu)):
+            y, k, v = layer.prefill(x, pos, form)
+            assert y.shape == (T, 32) and k.shape == v.shape == (T, kv, 16)
+            if T:
+                assert rel_err(y, ref) <= 1e-5, (type(form), rel_err(y, ref))
+
+
+def test_packed_spans_must_split_the_tokens(gen):
+    layer = Attention(32, AttentionConfig(2, 1, 16)).eval()
+    x, pos = torch.randn(5, 32, generator=gen), torch.arange(5)
+    for bad in ((0, 3), (0, 4, 3, 5), (1, 5)):
+        with pytest.raises(ValueError, match="do not split the 5 packed tokens"):
+            layer.prefill(x, pos, bad)
 
 
 # ---- RoPE -------------------------------------------------------------------------------------------
