@@ -189,7 +189,7 @@ class Attention(nn.Module):
     def _attend_spans(self, q: Tensor, k: Tensor, v: Tensor, cu: tuple) -> Tensor:
         """Causal attention within each span ``cu[i]:cu[i+1]`` of q [T, H, D], k, v [T, Hkv, D] -> [T, H*D]."""
         T, H, D = q.shape
-        if len(cu) < 2 or cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu[:-1], cu[1:])):
+        if not cu or cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu[:-1], cu[1:])):
             raise ValueError(f"attention prefill: cu_seqlens {list(cu)} do not split the {T} packed tokens")
         sdpa = torch.nn.functional.scaled_dot_product_attention
         gqa = self.num_kv_heads != H

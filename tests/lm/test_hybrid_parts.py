@@ -55,7 +55,9 @@ def test_packed_attention_spans_and_mask_agree_with_float64(lens, heads, kv, gat
 def test_packed_spans_must_split_the_tokens(gen):
     layer = Attention(32, AttentionConfig(2, 1, 16)).eval()
     x, pos = torch.randn(5, 32, generator=gen), torch.arange(5)
-    for bad in ((0, 3), (0, 4, 3, 5), (1, 5)):
+    y, _, _ = layer.prefill(x[:0], pos[:0], (0,))                      # no sequences at all: nothing to attend
+    assert y.shape == (0, 32)
+    for bad in ((0, 3), (0, 4, 3, 5), (1, 5), ()):
         with pytest.raises(ValueError, match="do not split the 5 packed tokens"):
             layer.prefill(x, pos, bad)
 
