@@ -22,12 +22,14 @@ from gdn_deploy.lm.model import HybridLM, decode_states_from_prefill  # noqa: E4
 from gdn_deploy.spec import SPEC  # noqa: E402
 
 # Logits of two fp32 computations of the same model: the spec's export_check float32 tolerance elementwise
-# (|a - b| <= 1e-4 + 1e-3 |b|) and 5e-5 norm-relative. A plain 1e-4 max |diff| is what most seeds give (median
-# ~1.5e-5); these random models' gated norms amplify fp32 rounding where a value head's output is near zero (rms
-# ~1e-3 against eps 1e-6), which pushes a few seeds in 40 to 1-5e-4 in both HF's and our fp32 results alike: a
-# float64 run of our model shows both fp32 paths off by the same amount (test_prefill_then_decode...).
+# (|a - b| <= 1e-4 + 1e-3 |b|) and 5e-5 norm-relative. These random models' gated norms amplify fp32 rounding where
+# a value head's output is near zero (rms ~1e-3 against eps 1e-6): with the configs' default eps the worst max
+# |diff| over 60 models was 2.5e-4, in HF's and our fp32 results alike (a float64 run of our model shows both off
+# by the same amount), and a CI run failed on 4.4e-4. The logit comparisons therefore build their models with
+# rms_norm_eps = 1e-4 (EPS_CONDITIONED; same 60 models: worst 3.1e-5); the greedy-token tests keep the default.
 ATOL, RTOL = SPEC.check_tolerance("float32")["atol"], SPEC.check_tolerance("float32")["rtol"]
 REL = 5e-5
+EPS_CONDITIONED = dict(rms_norm_eps=1e-4)
 # (family, HF config overrides): the five families plus variants that flip one feature each
 CASES = {
     "qwen3_next": ("qwen3_next", {}),
@@ -43,8 +45,10 @@ CASES = {
 }
 
 
-def _load(case: str, gen, tmp_path):
+def _load(case: str, gen, tmp_path, conditioned: bool = True):
     family, over = CASES[case]
+    if conditioned:
+        over = {**EPS_CONDITIONED, **over}
     try:
         hf = tiny.build(family, gen, **over)
     except (TypeError, ValueError, AttributeError) as e:     # an older transformers without this option
@@ -120,7 +124,7 @@ def test_prefill_then_decode_equals_longer_prefill(case, gen, tmp_path):
 @pytest.mark.parametrize("case", ["qwen3_next", "qwen3_5", "qwen3_5_vl", "qwen3_5_moe", "olmo_hybrid"])
 def test_greedy_tokens_equal_hf_generate(case, gen, tmp_path):
     """3 prompts of different lengths (one of length 1) in one batch, 24 new tokens each, vs HF generate alone."""
-    hf, ours = _load(case, gen, tmp_path)
+    hf, ours = _load(case, gen, tmp_path, conditioned=False)
     prompts = _prompts(gen, [1, 6, 11], ours.hybrid_config.vocab_size)
     n = 24
     got = greedy_generate(ours, prompts, n)
