@@ -32,12 +32,18 @@ TOL = SPEC.check_tolerance("float32")
 _CACHE: dict = {}
 
 
-def _export(family, tmp_path_factory, **opts):
-    key = (family, tuple(sorted(opts.items())))
+# Models for the fp32 comparisons are built with rms_norm_eps = 1e-4: with the configs' default 1e-6 these random
+# models' gated norms amplify fp32 rounding (onnxruntime's, PyTorch's and HF's alike) to ~1e-3 on a few seeds
+# (a CI run: 9.4e-4 on qwen3_5_moe logits); tests/lm/test_hybrid_hf.py measures it. The fp16 test keeps the default.
+EPS_CONDITIONED = dict(rms_norm_eps=1e-4)
+
+
+def _export(family, tmp_path_factory, conditioned=True, **opts):
+    key = (family, conditioned, tuple(sorted(opts.items())))
     if key not in _CACHE:
         gen = torch.Generator().manual_seed(seed_for(f"hybrid_export::{family}"))
         root = tmp_path_factory.mktemp(f"{family}_export")
-        hf = tiny.build(family, gen)
+        hf = tiny.build(family, gen, **(EPS_CONDITIONED if conditioned else {}))
         tiny.save(hf, root / "hf")
         target = load_targets(str(root / "hf"))[0]
         res = export_model(target, root / "out", ExportOptions(**opts))
@@ -153,7 +159,7 @@ def test_fp16_export_as_accurate_as_pytorch_fp16(tmp_path_factory):
     from gdn_deploy.export import metadata as md
     from gdn_deploy.export.runtimes import compare_outputs
     from gdn_deploy.export.verify import load_reference
-    _, _, out, _, _ = _export("olmo_hybrid", tmp_path_factory, precision="fp16", verify=False)
+    _, _, out, _, _ = _export("olmo_hybrid", tmp_path_factory, conditioned=False, precision="fp16", verify=False)
     meta = md.read_metadata(out)
     assert meta["dtypes"]["activations"] == "float16"
     assert {s["dtype"] for s in meta["states"]} == {"float32", "float16"}      # GDN states fp32, KV caches fp16
