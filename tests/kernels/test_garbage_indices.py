@@ -143,15 +143,9 @@ def _launch_pool(kernels, d, slots, P):
     return o, pool
 
 
-@pytest.mark.parametrize("io", ["bf16", "f32"])
-def test_decode_pool_garbage_slots_skip(kernels, gen, io):
-    """Slots outside [0, P) (negative, P, huge, int32 min/max) skip their sequence: o = 0, pool untouched; the
-    valid slots are updated as the reference does."""
-    B, P = 9, 6
-    inp = make_decode_inputs(gen, B, Hk=2, Hv=4, K=128, V=64, use_qk_l2norm=1, pool_size=P + 3)
-    inp["state"] = inp["state"][:P].contiguous()
-    d, r = to_device(inp, DT[io], torch.float32)
-    slots = torch.tensor([-1, P, 3, I32_MAX, I32_MIN, 0, P + 1000, -7, 5], dtype=torch.int32, device="cuda")
+def _launch_pool_checked(kernels, d, slots, P):
+    """_launch_pool, then what holds for any slots: guards intact, o = 0 for sequences whose slot is outside
+    [0, P), pool rows no valid slot names bitwise unchanged. Returns (o, pool, valid)."""
     before = d["state"].clone()
     o, pool = _launch_pool(kernels, d, slots, P)
     finish("decode pool")
@@ -161,6 +155,19 @@ def test_decode_pool_garbage_slots_skip(kernels, gen, io):
     assert torch.equal(o.t[~valid], torch.zeros_like(o.t[~valid])), "o of a skipped sequence is not 0"
     untouched = [i for i in range(P) if i not in set(slots[valid].tolist())]
     assert torch.equal(pool.t[untouched].view(torch.int32), before[untouched].view(torch.int32))
+    return o, pool, valid
+
+
+@pytest.mark.parametrize("io", ["bf16", "f32"])
+def test_decode_pool_garbage_slots_skip(kernels, gen, io):
+    """Slots outside [0, P) (negative, P, huge, int32 min/max) skip their sequence: o = 0, pool untouched; the
+    valid slots are updated as the reference does."""
+    B, P = 9, 6
+    inp = make_decode_inputs(gen, B, Hk=2, Hv=4, K=128, V=64, use_qk_l2norm=1, pool_size=P + 3)
+    inp["state"] = inp["state"][:P].contiguous()
+    d, r = to_device(inp, DT[io], torch.float32)
+    slots = torch.tensor([-1, P, 3, I32_MAX, I32_MIN, 0, P + 1000, -7, 5], dtype=torch.int32, device="cuda")
+    o, pool, valid = _launch_pool_checked(kernels, d, slots, P)
     r["slots"] = torch.where(valid, slots, torch.full_like(slots, -1))
     ro, rs = call_decode_ref(r, state_mode=1, **op_attrs(0, 1))
     assert rel_err(o.t[valid], ro[valid]) <= tolerance_for(DT[io])
@@ -176,12 +183,4 @@ def test_decode_pool_random_int32_slots(kernels, gen):
     slots = torch.randint(I32_MIN, I32_MAX, (B,), generator=gen, dtype=torch.int64).to(torch.int32)
     slots[::4] = torch.randint(0, P, (B // 4,), generator=gen, dtype=torch.int32)
     slots = slots.cuda()
-    before = d["state"].clone()
-    o, pool = _launch_pool(kernels, d, slots, P)
-    finish("decode pool")
-    o.assert_guards("o")
-    pool.assert_guards("pool")
-    valid = (slots >= 0) & (slots < P)
-    assert torch.equal(o.t[~valid], torch.zeros_like(o.t[~valid]))
-    untouched = [i for i in range(P) if i not in set(slots[valid].tolist())]
-    assert torch.equal(pool.t[untouched].view(torch.int32), before[untouched].view(torch.int32))
+    _launch_pool_checked(kernels, d, slots, P)
