@@ -13,7 +13,7 @@ Qwen3.5's interleaved multimodal RoPE (``mrope_section``) takes three position s
 are equal, and then every rotary frequency sees the same position: it is this 1-D RoPE (tests/lm shows it
 against HF's rotary module).
 
-Two entry points, neither with data-dependent Python control flow (ONNX-exportable):
+Two entry points, ONNX-exportable with the mask form (the spans form below is eager-only: it loops over sequences):
 
 - :meth:`Attention.prefill`: packed tokens ``[T, hidden]`` of N sequences, attention restricted to the same
   sequence and causal; returns the output and the post-RoPE keys / values ``[T, Hkv, D]`` of every token (a
