@@ -20,26 +20,31 @@ Layout (details and measurements: docs/onnx_bodies.md):
   beta = 0: the identity on the state). Where a lane holds several sequences, a second Scan body
   restarts the lane's state at each sequence's start and saves the final state of each sequence
   that ends before its lane does (an If picks the body).
-- **State-free work first:** decays, the triangular inverse T, u, w and the masked q.k matrix A for
-  all chunks at once, then o = (exp(G) q - A w) S0 + A u, so a step is three MatMuls.
+- **State-free work first:** decays, the triangular inverse T, u, w and the causal decayed q.k
+  matrix A for all chunks at once (MatMuls batched over chunks and heads); a step then does
+  delta = u - w S0, o = exp(G) (q S0) + A delta, S' = exp(G_C) S0 + k^T (exp(G_C - G) delta): four
+  MatMuls on the lanes' chunks, the decays applied to its small operands. Every pass over a
+  [chunks, heads, C, C] tensor costs memory bandwidth, so the work before the Scan keeps as few as it can.
 - **T without a solver or a 64-step loop:** recursive block inversion of the unit lower triangular
-  I + L, ``inv([[A, 0], [C, B]]) = [[A^-1, 0], [-B^-1 C A^-1, B^-1]]`` for blocks of s = 1, 2, ...,
-  32, the off-diagonal blocks C computed from k, G and beta directly. Every intermediate is a block
-  of the inverse of a diagonal block of I + L, a piece of the exact answer; unlike the nilpotent
-  product (I - L)(I + L^2)(I + L^4)..., no power of L is formed, so nothing grows combinatorially
-  when keys align (an all-ones L gives entries 0 and +-1).
-- **Decays in log space**, as differences G_i - G_j <= 0 (the upper triangle masked before the Exp),
-  G_C - G_j <= 0 and G_i <= 0: no Exp of a positive number for any gate strength (g = -40 per token
-  gives G = -2560 in a chunk). Decays below e^EXP_FLOOR, and entries of T whose total decay is, are
-  exactly 0: products of small decays would otherwise reach denormal floats, which slow onnxruntime's
-  Exp ~15x and its MatMul ~150x (x86 without flush-to-zero).
+  I + L, ``inv([[A, 0], [C, B]]) = [[A^-1, 0], [-B^-1 C A^-1, B^-1]]`` for blocks of s = 4, ..., 32,
+  the blocks C sliced from L; the 4 x 4 diagonal blocks inverted elementwise (their paths sum to
+  I - L + L^2 - L^3). Every intermediate is a block of the inverse of a diagonal block of I + L, a
+  piece of the exact answer; unlike the nilpotent product (I - L)(I + L^2)(I + L^4)..., no power of
+  a 64 x 64 L is formed, so nothing grows combinatorially when keys align (an all-ones L gives
+  entries 0 and +-1).
+- **Decays in log space**, as differences G_i - G_j clipped to [EXP_FLOOR, 0] (the upper triangle,
+  where they are positive, masked after the Exp), G_C - G_j <= 0 and G_i <= 0: no Exp of a positive
+  number for any gate strength (g = -40 per token gives G = -2560 in a chunk). Decays below
+  e^EXP_FLOOR ~ 2e-9 count as e^EXP_FLOOR in the decay matrix and as 0 in the decay vectors, and
+  entries of T whose total decay is below it are exactly 0: products of small decays would
+  otherwise reach denormal floats, which slow onnxruntime's Exp ~10x and its MatMul ~150x (x86
+  without flush-to-zero).
 - **Padding:** g and beta of padding rows are 0, so padding adds nothing to the state; its q, k, v
   rows are copies of a real row (finite; no real row reads a later one); its o rows are not read.
   Empty sequences keep their initial state; T = 0 skips everything (an If).
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from onnx import TensorProto, helper
@@ -50,8 +55,7 @@ from .onnx_graph import FLOAT, INT64, GraphBuilder, prepare_inputs, value_info
 __all__ = ["chunked_prefill_body", "packing_model", "CHUNK", "LANE_STEP_OVERHEAD"]
 
 CHUNK = SPEC.chunk_size
-EXP_FLOOR = -20.0         # decay factors exp(x) below e^-20 ~ 2e-9 are taken as exactly 0 (no denormals)
-_SMALL_PRODUCT = 4        # block products of size <= this are elementwise (a MatMul per 2x2 block is slower)
+EXP_FLOOR = -20.0         # decays exp(x) below e^-20 ~ 2e-9 are taken as 0 or e^-20 (no denormals)
 _CAPACITY_FACTORS = tuple(2 ** i for i in range(24))   # lane capacities tried: longest sequence * 2^i
 LANE_STEP_OVERHEAD = 0.5  # cost of a Scan step without work, in units of one lane's chunk
 
@@ -90,73 +94,83 @@ def _decay(b: GraphBuilder, x: str, hint: str = "decay") -> str:
     return b("Where", b("GreaterOrEqual", x, floor), b("Exp", b("Max", x, floor)), b.scalar_f(0.0), hint=hint)
 
 
-def _decay_matrix(b: GraphBuilder, x: str, upper_bias: str | None = None, hint: str = "decay") -> str:
-    """exp(x) for a large tensor of log decays x <= 0 in cheap passes: relu(exp(max(x, floor)) - e^floor).
+def _decay_matrix(b: GraphBuilder, x: str, hint: str = "decay") -> str:
+    """exp(clip(x, EXP_FLOOR, 0)) for a large tensor of log decays x (G_i - G_j): three cheap passes.
 
-    Terms below e^EXP_FLOOR come out as exactly 0 (no denormals, see :func:`_decay`); every other
-    term is lowered by e^EXP_FLOOR ~ 2e-9 in absolute value, below float32 resolution next to the
-    diagonal term (exp(0) = 1) every row of a decay matrix holds. ``upper_bias`` (0 on and
-    below the diagonal, a huge negative number above) masks the upper triangle to exactly 0."""
-    if upper_bias is not None:
-        x = b("Add", x, upper_bias)
-    floor = b.scalar_f(EXP_FLOOR)
-    return b("Relu", b("Sub", b("Exp", b("Max", x, floor)), b.scalar_f(math.exp(EXP_FLOOR))), hint=hint)
+    Decays below e^EXP_FLOOR ~ 2e-9 come out as e^EXP_FLOOR, not 0 (an absolute error below float32
+    resolution next to the unit diagonal term of each row), so no entry is a denormal float and no
+    Exp argument is out of range (onnxruntime's Exp takes ~10x longer on those, see :func:`_decay`);
+    entries above the diagonal (x >= 0) come out as 1: users mask them."""
+    return b("Exp", b("Clip", x, b.scalar_f(EXP_FLOOR), b.scalar_f(0.0)), hint=hint)
 
 
-def _block_mm(b: GraphBuilder, x: str, y: str, s: int) -> str:
-    """x @ y for stacks of s x s blocks; small blocks elementwise with the sum over the last axis."""
-    if s > _SMALL_PRODUCT:
-        return b("MatMul", x, y)
-    y_t = b("Transpose", y, perm=[0, 1, 2, 3, 4, 6, 5])                 # [steps, L, Hk, r, pairs, s, s]
-    prod = b("Mul", b("Unsqueeze", x, b.ints(-2)), b("Unsqueeze", y_t, b.ints(-3)))   # [..., a, b, c]
-    return b("ReduceSum", prod, b.ints(-1), keepdims=0)
+def _diagonal_blocks(b: GraphBuilder, x: str, lead: str, s: int) -> str:
+    """[..., P, 2s, 2s] -> its two diagonal s x s blocks each, [..., 2P, s, s] (slices)."""
+    top = b("Slice", x, b.ints(0, 0), b.ints(s, s), b.ints(-2, -1))
+    bottom = b("Slice", x, b.ints(s, s), b.ints(2 * s, 2 * s), b.ints(-2, -1))
+    both = b("Concat", b("Unsqueeze", top, b.ints(-3)), b("Unsqueeze", bottom, b.ints(-3)), axis=-3)
+    return b("Reshape", both, b("Concat", lead, b.ints(-1, s, s), axis=0))
 
 
-def _pair_halves(b: GraphBuilder, x: str, pairs: int, s: int, tail: tuple[int, ...] = ()) -> tuple[str, str]:
-    """x [steps, L, Hk, r, 2*pairs*s, *tail] -> its even and odd s-blocks along axis 4, each [.., pairs, s, *tail]."""
-    split = b("Reshape", x, b.ints(0, 0, 0, 0, pairs, 2, s, *tail))
-    first, second = b("Split", split, b.ints(1, 1), axis=5, n_out=2)
-    return b("Squeeze", first, b.ints(5)), b("Squeeze", second, b.ints(5))
+def _pairs(b: GraphBuilder, x: str, lead: str, pairs: int, tail: tuple[int, ...]) -> tuple[str, str]:
+    """[..., 2 * pairs, *tail] -> the even and the odd entries along that axis, each [..., pairs, *tail]."""
+    split = b("Reshape", x, b("Concat", lead, b.ints(pairs, 2, *tail), axis=0))
+    even, odd = b("Split", split, b.ints(1, 1), axis=-1 - len(tail), n_out=2)
+    return b("Squeeze", even, b.ints(-1 - len(tail))), b("Squeeze", odd, b.ints(-1 - len(tail)))
 
 
-def _triangular_inverse(b: GraphBuilder, ks: str, G: str, beta: str) -> str:
-    """T = (I + L)^-1 [steps, L, Hk, r, C, C] with L_ij = beta_i exp(G_i - G_j) k_i.k_j for j < i.
+def _inverse_4(b: GraphBuilder, diag4: str, lead: str) -> str:
+    """(I - N)^-1 = I + N + N^2 + N^3 of the 4 x 4 diagonal blocks N [..., C/4, 4, 4] (strictly lower parts
+    read), elementwise: each entry is its sum of path products (a MatMul per 4 x 4 block is far slower)."""
+    n = b("Split", b("Reshape", diag4, b("Concat", lead, b.ints(CHUNK // 4, 16), axis=0)), b.ints(*[1] * 16),
+          axis=-1, n_out=16)                                                      # n[4 i + j] = N_ij
+    t20 = b("Add", n[8], b("Mul", n[9], n[4]))
+    t31 = b("Add", n[13], b("Mul", n[14], n[9]))
+    t30 = b("Add", b("Add", n[12], b("Mul", n[13], n[4])), b("Mul", n[14], t20))
+    one = b("ConstantOfShape", b("Shape", n[4]), value=helper.make_tensor("one", FLOAT, [1], [1.0]))
+    zero = _zeros(b, b("Shape", n[4]))
+    rows = [one, zero, zero, zero, n[4], one, zero, zero, t20, n[9], one, zero, t30, t31, n[14], one]
+    return b("Reshape", b("Concat", *rows, axis=-1), b("Concat", lead, b.ints(CHUNK // 4, 4, 4), axis=0))
 
-    Bottom-up recursive block inversion; at block size s the off-diagonal blocks C of the diagonal
-    2s-blocks (rows of the odd s-block, columns of the even one) are computed directly from k, G, beta:
-    every G_i - G_j there has i > j, so no mask is needed and no exponent is positive.
-    ks [..., Hk, 1, C, K], G and beta [..., Hk, r, C].
+
+def _floor_mask(b: GraphBuilder, rows: str, cols: str) -> str:
+    """1.0 where the total decay exp(G_i - G_j) >= e^EXP_FLOOR, else 0: rows G_i [..., n], cols G_j [..., m]."""
+    total = b("Sub", b("Unsqueeze", rows, b.ints(-1)), b("Unsqueeze", cols, b.ints(-2)))
+    return b("Cast", b("GreaterOrEqual", total, b.scalar_f(EXP_FLOOR)), to=FLOAT)
+
+
+def _triangular_inverse(b: GraphBuilder, Lneg: str, G: str, lead: str) -> str:
+    """T = (I - Lneg)^-1 [..., C, C] for strictly lower Lneg [..., C, C] (entries on and above the diagonal
+    are not read); G [..., C] the cumulative log decays, ``lead`` the shape of the leading axes.
+
+    Recursive block inversion of the unit lower triangular I - Lneg: top down, slices give the diagonal
+    2s-blocks and their off-diagonal blocks C for s = 32, 16, 8, 4; the 4 x 4 diagonal blocks are
+    inverted elementwise (:func:`_inverse_4`); bottom up, each diagonal 2s-block's inverse is
+    ``[[A^-1, 0], [B^-1 C A^-1, B^-1]]`` from the inverses A^-1, B^-1 of its s-blocks.
+    Every intermediate is a block of the exact inverse of a diagonal block. New blocks are zeroed where
+    their total decay exp(G_i - G_j) is below e^EXP_FLOOR: they are sums of products of decays along
+    paths j -> i, which multiply to that total, tiny (even denormal) floats otherwise. So each nonzero
+    entry of a factor of B^-1 C A^-1 carries a decay >= e^EXP_FLOOR, and their products stay normal floats.
     """
-    inv = None
-    s = 1
+    diag, offs = b("Unsqueeze", Lneg, b.ints(-3)), {}                          # [..., 1, C, C]
+    s = CHUNK // 2
+    while s >= 4:
+        offs[s] = b("Slice", diag, b.ints(s, 0), b.ints(2 * s, s), b.ints(-2, -1), hint=f"C{s}")  # [..., P, s, s]
+        diag = _diagonal_blocks(b, diag, lead, s)
+        s //= 2
+    G4 = b("Reshape", G, b("Concat", lead, b.ints(CHUNK // 4, 4), axis=0))
+    inv = b("Mul", _inverse_4(b, diag, lead), _floor_mask(b, G4, G4), hint="inv_4")   # [..., C/4, 4, 4]
+    s = 4
     while s < CHUNK:
         pairs = CHUNK // (2 * s)
-        k_even, k_odd = _pair_halves(b, ks, pairs, s, (-1,))                     # [..., Hk, 1, pairs, s, K]
-        g_even, g_odd = _pair_halves(b, G, pairs, s)                      # [..., Hk, r, pairs, s]
-        _, beta_odd = _pair_halves(b, beta, pairs, s)
-        if s == 1:
-            kk = b("ReduceSum", b("Mul", k_odd, k_even), b.ints(-1), keepdims=1)          # [..., pairs, 1, 1]
-        elif s == 2:
-            kk = b("ReduceSum", b("Mul", b("Unsqueeze", k_odd, b.ints(-2)), b("Unsqueeze", k_even, b.ints(-3))),
-                   b.ints(-1), keepdims=0)
-        else:
-            kk = b("MatMul", k_odd, b("Transpose", k_even, perm=[0, 1, 2, 3, 4, 6, 5]))
-        decay = _decay_matrix(b, b("Sub", b("Unsqueeze", g_odd, b.ints(-1)), b("Unsqueeze", g_even, b.ints(-2))))
-        c_blk = b("Mul", b("Mul", kk, decay), b("Unsqueeze", beta_odd, b.ints(-1)), hint=f"C{s}")  # [..., pairs, s, s]
-        if inv is None:                                                      # 1 x 1 diagonal blocks are 1
-            off = b("Neg", c_blk, hint="off1")
-            a_inv = b_inv = b("ConstantOfShape", b("Shape", c_blk), value=helper.make_tensor("one", FLOAT, [1], [1.0]))
-        else:
-            a_inv, b_inv = _pair_halves(b, inv, pairs, s, (s,))               # [..., pairs, s, s]
-            # -B^-1 C A^-1, zero where the block's total decay exp(G_i - G_j) is below e^EXP_FLOOR: its
-            # entries are products of decays along paths j -> i, tiny (even denormal) floats otherwise
-            off = b("Mul", _block_mm(b, _block_mm(b, b_inv, c_blk, s), a_inv, s), b("Neg", b("Sign", decay)),
-                    hint=f"off{s}")
+        a_inv, b_inv = _pairs(b, inv, lead, pairs, (s, s))
+        g_even, g_odd = _pairs(b, G, lead, pairs, (s,))                           # [..., P, s]
+        off = b("Mul", b("MatMul", b("MatMul", b_inv, offs[s]), a_inv), _floor_mask(b, g_odd, g_even))
         top = b("Concat", a_inv, _zeros(b, b("Shape", a_inv)), axis=-1)
-        bottom = b("Concat", off, b_inv, axis=-1)
+        bottom = b("Concat", off, b_inv, axis=-1, hint=f"off{s}")
         inv = b("Concat", top, bottom, axis=-2, hint=f"inv_{2 * s}")                 # [..., pairs, 2s, 2s]
         s *= 2
-    return b("Squeeze", inv, b.ints(4), hint="T_inv")
+    return b("Reshape", inv, b("Concat", lead, b.ints(CHUNK, CHUNK), axis=0), hint="T_inv")
 
 
 class _Layout:
@@ -268,20 +282,22 @@ class _Layout:
 
 
 def _scan_body(b: GraphBuilder, h0: str | None):
-    """Scan body: one chunk of every lane. State S [L,Hk,r,K,V]; per step q_eff, w [L,Hk,r,C,K], Au, u
-    [L,Hk,r,C,V], kdT [L,Hk,r,K,C], eGC [L,Hk,r,1,1]. With ``h0`` (the initial states plus a zero row,
-    from the outer scope) lanes also restart sequences (inputs keep [L,1,1,1,1], h0_row [L]) and save
-    the states of sequences that end there (input save_lane [P]; output [P,Hk,r,K,V])."""
+    """Scan body: one chunk of every lane. State S [L,Hk,r,K,V]; per step q, k [L,Hk,1,C,K], exp(G) and
+    exp(G_C - G) [L,Hk,r,C,1], w [L,Hk,r,C,K], A [L,Hk,r,C,C], u [L,Hk,r,C,V], exp(G_C) [L,Hk,r,1,1]. With
+    ``h0`` (the initial states plus a zero row, from the outer scope) lanes also restart sequences
+    (inputs keep [L,1,1,1,1], h0_row [L]) and save the states of sequences that end there (input
+    save_lane [P]; output [P,Hk,r,K,V])."""
     sb = b.sub()
-    names = ["S", "q_eff", "w", "Au", "u", "kdT", "eGC"] + (["keep", "h0_row", "save_lane"] if h0 else [])
+    names = ["S", "q", "eG", "w", "A", "u", "k", "eD", "eGC"] + (["keep", "h0_row", "save_lane"] if h0 else [])
     ins = {n: sb.name(n) for n in names}
     S = ins["S"]
     if h0:
         restart = sb("Gather", h0, sb("Cast", ins["h0_row"], to=INT64), axis=0, hint="h0_rows")
         S = sb("Add", sb("Mul", S, ins["keep"]), restart, hint="S_entry")
-    o = sb("Add", sb("MatMul", ins["q_eff"], S), ins["Au"], hint="o_chunk")                 # [L,Hk,r,C,V]
-    delta = sb("Sub", ins["u"], sb("MatMul", ins["w"], S), hint="delta")
-    S1 = sb("Add", sb("Mul", ins["eGC"], S), sb("MatMul", ins["kdT"], delta), hint="S_exit")
+    delta = sb("Sub", ins["u"], sb("MatMul", ins["w"], S), hint="delta")                   # [L,Hk,r,C,V]
+    o = sb("Add", sb("Mul", sb("MatMul", ins["q"], S), ins["eG"]), sb("MatMul", ins["A"], delta), hint="o_chunk")
+    kT = sb("Transpose", ins["k"], perm=[0, 1, 2, 4, 3])
+    S1 = sb("Add", sb("Mul", ins["eGC"], S), sb("MatMul", kT, sb("Mul", ins["eD"], delta)), hint="S_exit")
     outs = [value_info(S1, 5), value_info(o, 5)]
     if h0:
         saved = sb("Gather", S1, sb("Cast", ins["save_lane"], to=INT64), axis=0, hint="S_saved")
@@ -328,24 +344,23 @@ def _chunks(b: GraphBuilder, q: str, k: str, v: str, g: str, beta: str, cu: str,
     G = b("CumSum", gs, b.scalar_i64(-1), hint="G")
     G_end = b("Slice", G, b.ints(CHUNK - 1), b.ints(CHUNK), b.ints(-1), hint="G_C")
     Gi, Gj = b("Unsqueeze", G, b.ints(-1)), b("Unsqueeze", G, b.ints(-2))
-    upper = b("Constant", value=helper.make_tensor("c", FLOAT, [CHUNK, CHUNK], [
-        0.0 if i >= j else -1e30 for i in range(CHUNK) for j in range(CHUNK)]), hint="upper_bias")
-    decay = _decay_matrix(b, b("Sub", Gi, Gj), upper)                         # [..,C,C], 0 above the diagonal
+    decay = _decay_matrix(b, b("Sub", Gi, Gj))                                # [..,C,C], 1 above the diagonal
     G_end1 = b("Unsqueeze", G_end, b.ints(-1))                                 # [..,1,1]
     eG = _decay(b, Gi, hint="exp_G")                                           # [..,C,1]
-    eD = _decay(b, b("Sub", G_end1, Gj), hint="exp_GC_minus_G")                # [..,1,C]
+    eD = _decay(b, b("Sub", G_end1, Gi), hint="exp_GC_minus_G")                # [..,C,1]
     eGC = _decay(b, G_end1, hint="exp_GC")
 
-    # within-chunk matrices (no state): T = (I + L)^-1, u, w, and o as an affine map of the entry state
-    kT = b("Transpose", ks, perm=[0, 1, 2, 3, 5, 4], hint="kT")                # [..,Hk,1,K,C]
-    A = b("Mul", b("MatMul", qs, kT), decay, hint="A_qk")                      # causal exp(G_i-G_j) q_i.k_j
-    T_beta = b("Mul", _triangular_inverse(b, ks, G, bs), b("Unsqueeze", bs, b.ints(-2)), hint="T_beta")
+    # within-chunk matrices (no state): A, T = (I + L)^-1, u, w
+    kT = b("Transpose", ks, perm=[0, 1, 2, 3, 5, 4], hint="kT")                # [..,Hk,1,K,C] (MatMul operand only)
+    causal = b("Constant", value=helper.make_tensor("c", FLOAT, [CHUNK, CHUNK], [
+        1.0 if i >= j else 0.0 for i in range(CHUNK) for j in range(CHUNK)]), hint="causal")
+    A = b("Mul", b("Mul", b("MatMul", qs, kT), causal), decay, hint="A_qk")  # causal exp(G_i-G_j) q_i.k_j
+    # -L, L_ij = beta_i exp(G_i - G_j) k_i.k_j (read below the diagonal only)
+    Lneg = b("Mul", b("Mul", b("MatMul", ks, kT), decay), b("Unsqueeze", b("Neg", bs), b.ints(-1)), hint="L_neg")
+    T = _triangular_inverse(b, Lneg, G, b("Shape", decay, start=0, end=-2))
+    T_beta = b("Mul", T, b("Unsqueeze", bs, b.ints(-2)), hint="T_beta")
     u = b("MatMul", T_beta, vs, hint="u")                                      # T diag(beta) v
     w = b("MatMul", b("Mul", T_beta, b("Transpose", eG, perm=[0, 1, 2, 3, 5, 4])), ks, hint="w")
-    # o = exp(G) q S0 + A (u - w S0) = (exp(G) q - A w) S0 + A u
-    q_eff = b("Sub", b("Mul", qs, eG), b("MatMul", A, w), hint="q_eff")
-    Au = b("MatMul", A, u, hint="Au")
-    kdT = b("Mul", kT, eD, hint="kdT")                                         # [..,Hk,r,K,C]
 
     # the sequential part: one Scan step per chunk position, all lanes at once
     h0z = b("Concat", _reshape(b, h0, b("Shape", h0, start=0, end=1), hk, rep, kd, vd),
@@ -353,7 +368,7 @@ def _chunks(b: GraphBuilder, q: str, k: str, v: str, g: str, beta: str, cu: str,
     h0_row = b("Where", b("Greater", lay.reset, b.scalar_i64(0)), b("Sub", lay.reset, b.scalar_i64(1)),
                lay.n_seq, hint="h0_row")                                       # [steps, L]; N = zero row
     S_init = b("Gather", h0z, b("Gather", h0_row, b.scalar_i64(0), axis=0), axis=0, hint="S_init")
-    per_step = [q_eff, w, Au, u, kdT, eGC]
+    per_step = [qs, eG, w, A, u, ks, eD, eGC]
     lean = b.sub()
     S_a, o_a = lean("Scan", S_init, *per_step, n_out=2, num_scan_inputs=len(per_step), body=_scan_body(b, None))
     no_saved = lean("Unsqueeze", lean("Slice", S_a, b.ints(0), b.ints(0), b.ints(0)), b.ints(0), hint="no_saved")

@@ -82,20 +82,17 @@ def prepare_inputs(b: GraphBuilder, q: str, k: str, v: str, g: str, beta: str, A
         decay = b("Neg", b("Exp", b("Cast", A_log, to=FLOAT)))
         gf = b("Mul", decay, b("Softplus", b("Add", gf, b("Cast", dt_bias, to=FLOAT))), hint="g_raw")
         bf = b("Sigmoid", bf, hint="beta_raw")
-    last = b.ints(-1)
-    if int(attrs["use_qk_l2norm"]):
-        eps = b.attr_f("l2norm_eps")
-        normed = []
-        for x in (qf, kf):
-            ss = b("ReduceSum", b("Mul", x, x), last, keepdims=1)
-            normed.append(b("Mul", x, b("Reciprocal", b("Sqrt", b("Add", ss, eps))), hint="l2n"))
-        qf, kf = normed
     scale_attr = b.attr_f("scale")
     k_dim = b("Cast", b("Shape", q, start=2, end=3), to=FLOAT, hint="k_dim")
     default_scale = b("Reciprocal", b("Sqrt", k_dim))
     scale = b("Where", b("Equal", scale_attr, b.scalar_f(0.0)), default_scale, scale_attr, hint="scale")
-    qf = b("Mul", qf, scale, hint="q_scaled")
-    return qf, kf, vf, gf, bf
+    if not int(attrs["use_qk_l2norm"]):
+        return b("Mul", qf, scale, hint="q_scaled"), kf, vf, gf, bf
+    # x / sqrt(sum x^2 + eps); q's row factor times the scale, so one pass over q and one over k
+    eps, last = b.attr_f("l2norm_eps"), b.ints(-1)
+    q_factor, k_factor = (b("Reciprocal", b("Sqrt", b("Add", b("ReduceSumSquare", x, last, keepdims=1), eps)))
+                          for x in (qf, kf))
+    return b("Mul", qf, b("Mul", q_factor, scale), hint="q_scaled"), b("Mul", kf, k_factor, hint="l2n"), vf, gf, bf
 
 
 def repeat_heads(b: GraphBuilder, x: str, v: str) -> str:

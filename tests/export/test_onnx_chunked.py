@@ -109,6 +109,33 @@ def test_opset_range_and_no_sequences(gen, opset):
     assert o.shape == (0, 2, 8) and s.shape == (0, 2, 8, 8)
 
 
+@pytest.mark.parametrize("keys, gate", [("random", 0.3), ("random", 40.0), ("aligned", 1e-9), ("aligned", 0.5)])
+def test_triangular_inverse_blocks(gen, keys, gate):
+    """The body's (I + L)^-1 alone against float64, for batches of 64 x 64 L_ij = beta_i exp(G_i - G_j) k_i.k_j:
+    entries whose total decay exp(G_i - G_j) is below e^EXP_FLOOR are exactly 0, all others match."""
+    from onnx import TensorProto, helper
+    from gdn_deploy.export.onnx_chunked import CHUNK, EXP_FLOOR, _triangular_inverse
+    from gdn_deploy.export.onnx_graph import GraphBuilder
+    n, C, K = 12, CHUNK, 16
+    k = torch.randn(n, C if keys == "random" else 1, K, generator=gen, dtype=torch.float64).expand(n, C, K)
+    k = k / k.norm(dim=-1, keepdim=True)
+    G = torch.cumsum(-torch.rand(n, C, generator=gen, dtype=torch.float64) * gate, dim=1)
+    beta = 2 * torch.rand(n, C, generator=gen, dtype=torch.float64)
+    x = G[:, :, None] - G[:, None, :]
+    L = torch.tril(beta[:, :, None] * (k @ k.transpose(1, 2)) * x.clamp(EXP_FLOOR, 0).exp(), -1)
+    b = GraphBuilder()
+    b("Identity", _triangular_inverse(b, "L_neg", "G", b("Shape", "L_neg", start=0, end=-2)), outputs=["T"])
+    f32 = lambda name, *dims: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))  # noqa: E731
+    model = helper.make_model(helper.make_graph(b.nodes, "tri", [f32("L_neg", None, C, C), f32("G", None, C)],
+                                                [f32("T", None, C, C)]), opset_imports=[helper.make_opsetid("", 20)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = torch.from_numpy(sess.run(None, {"L_neg": (-L).float().numpy(), "G": G.float().numpy()})[0])
+    keep = torch.tril(x >= EXP_FLOOR)
+    ref = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + L) * keep
+    assert (out[~keep] == 0).all()
+    assert rel_err(out, ref) < 1e-6
+
+
 # ---- lane packing -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seqlens, lanes, steps, restarts", [
     ([1000], 1, 16, False),                      # one sequence: one lane, one Scan step per chunk
@@ -190,11 +217,11 @@ def test_chunked_body_has_no_token_loop():
 # ops of onnx-tensorrt's supported list (docs/operators.md) that the bodies may use: a TensorRT user
 # without the plugin library gets the body
 TENSORRT_PARSER_OPS = {
-    "Add", "And", "ArgMin", "Cast", "CastLike", "Concat", "Constant", "ConstantOfShape", "CumSum", "Div", "Equal",
-    "Exp", "Expand", "Gather", "GatherND", "Greater", "GreaterOrEqual", "Identity", "If", "Less", "Loop", "MatMul",
-    "Max", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Range", "Reciprocal", "ReduceMax", "ReduceSum", "Relu",
-    "Reshape", "Scan", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Size", "Slice", "Softplus", "Split",
-    "Sign", "Sqrt", "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where"}
+    "Add", "And", "ArgMin", "Cast", "CastLike", "Clip", "Concat", "Constant", "ConstantOfShape", "CumSum", "Div",
+    "Equal", "Exp", "Expand", "Gather", "GatherND", "Greater", "GreaterOrEqual", "Identity", "If", "Less", "Loop",
+    "MatMul", "Max", "Min", "Mod", "Mul", "Neg", "NonZero", "Not", "Range", "Reciprocal", "ReduceMax", "ReduceSum",
+    "ReduceSumSquare", "Relu", "Reshape", "Scan", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Size", "Slice",
+    "Softplus", "Split", "Sign", "Sqrt", "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where"}
 
 
 @pytest.mark.parametrize("gate_mode", [0, 1])
