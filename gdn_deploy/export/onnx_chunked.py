@@ -88,8 +88,8 @@ def _decay(b: GraphBuilder, x: str, hint: str = "decay") -> str:
     """exp(x) for log decays x, exactly 0 where x < EXP_FLOOR.
 
     Float32 exp gives denormals below about -87, and products of a few small decays land there too;
-    denormal operands make onnxruntime's Exp ~15x and its MatMul ~150x slower (x86 without
-    flush-to-zero). A dropped term is below e^EXP_FLOOR ~ 2e-9 of the unit term of its row."""
+    arguments below about -87 make onnxruntime's Exp ~10x slower and denormal operands its MatMul ~150x
+    (x86 without flush-to-zero). A dropped term is below e^EXP_FLOOR ~ 2e-9 of the unit term of its row."""
     floor = b.scalar_f(EXP_FLOOR)
     return b("Where", b("GreaterOrEqual", x, floor), b("Exp", b("Max", x, floor)), b.scalar_f(0.0), hint=hint)
 
@@ -167,7 +167,7 @@ def _triangular_inverse(b: GraphBuilder, Lneg: str, G: str, lead: str) -> str:
         g_even, g_odd = _pairs(b, G, lead, pairs, (s,))                           # [..., P, s]
         off = b("Mul", b("MatMul", b("MatMul", b_inv, offs[s]), a_inv), _floor_mask(b, g_odd, g_even))
         top = b("Concat", a_inv, _zeros(b, b("Shape", a_inv)), axis=-1)
-        bottom = b("Concat", off, b_inv, axis=-1, hint=f"off{s}")
+        bottom = b("Concat", off, b_inv, axis=-1, hint=f"bottom{s}")
         inv = b("Concat", top, bottom, axis=-2, hint=f"inv_{2 * s}")                 # [..., pairs, 2s, 2s]
         s *= 2
     return b("Reshape", inv, b("Concat", lead, b.ints(CHUNK, CHUNK), axis=0), hint="T_inv")
