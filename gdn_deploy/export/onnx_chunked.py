@@ -109,12 +109,12 @@ def _diagonal_blocks(b: GraphBuilder, x: str, lead: str, s: int) -> str:
     top = b("Slice", x, b.ints(0, 0), b.ints(s, s), b.ints(-2, -1))
     bottom = b("Slice", x, b.ints(s, s), b.ints(2 * s, 2 * s), b.ints(-2, -1))
     both = b("Concat", b("Unsqueeze", top, b.ints(-3)), b("Unsqueeze", bottom, b.ints(-3)), axis=-3)
-    return b("Reshape", both, b("Concat", lead, b.ints(-1, s, s), axis=0))
+    return _reshape(b, both, lead, b.ints(CHUNK // s, s, s))
 
 
 def _pairs(b: GraphBuilder, x: str, lead: str, pairs: int, tail: tuple[int, ...]) -> tuple[str, str]:
     """[..., 2 * pairs, *tail] -> the even and the odd entries along that axis, each [..., pairs, *tail]."""
-    split = b("Reshape", x, b("Concat", lead, b.ints(pairs, 2, *tail), axis=0))
+    split = _reshape(b, x, lead, b.ints(pairs, 2, *tail))
     even, odd = b("Split", split, b.ints(1, 1), axis=-1 - len(tail), n_out=2)
     return b("Squeeze", even, b.ints(-1 - len(tail))), b("Squeeze", odd, b.ints(-1 - len(tail)))
 
@@ -122,15 +122,15 @@ def _pairs(b: GraphBuilder, x: str, lead: str, pairs: int, tail: tuple[int, ...]
 def _inverse_4(b: GraphBuilder, diag4: str, lead: str) -> str:
     """(I - N)^-1 = I + N + N^2 + N^3 of the 4 x 4 diagonal blocks N [..., C/4, 4, 4] (strictly lower parts
     read), elementwise: each entry is its sum of path products (a MatMul per 4 x 4 block is far slower)."""
-    n = b("Split", b("Reshape", diag4, b("Concat", lead, b.ints(CHUNK // 4, 16), axis=0)), b.ints(*[1] * 16),
-          axis=-1, n_out=16)                                                      # n[4 i + j] = N_ij
+    flat = _reshape(b, diag4, lead, b.ints(CHUNK // 4, 16))
+    n = b("Split", flat, b.ints(*[1] * 16), axis=-1, n_out=16)                  # N_ij = n[4 i + j]
     t20 = b("Add", n[8], b("Mul", n[9], n[4]))
     t31 = b("Add", n[13], b("Mul", n[14], n[9]))
     t30 = b("Add", b("Add", n[12], b("Mul", n[13], n[4])), b("Mul", n[14], t20))
     one = b("ConstantOfShape", b("Shape", n[4]), value=helper.make_tensor("one", FLOAT, [1], [1.0]))
     zero = _zeros(b, b("Shape", n[4]))
     rows = [one, zero, zero, zero, n[4], one, zero, zero, t20, n[9], one, zero, t30, t31, n[14], one]
-    return b("Reshape", b("Concat", *rows, axis=-1), b("Concat", lead, b.ints(CHUNK // 4, 4, 4), axis=0))
+    return _reshape(b, b("Concat", *rows, axis=-1), lead, b.ints(CHUNK // 4, 4, 4))
 
 
 def _floor_mask(b: GraphBuilder, rows: str, cols: str) -> str:
@@ -158,7 +158,7 @@ def _triangular_inverse(b: GraphBuilder, Lneg: str, G: str, lead: str) -> str:
         offs[s] = b("Slice", diag, b.ints(s, 0), b.ints(2 * s, s), b.ints(-2, -1), hint=f"C{s}")  # [..., P, s, s]
         diag = _diagonal_blocks(b, diag, lead, s)
         s //= 2
-    G4 = b("Reshape", G, b("Concat", lead, b.ints(CHUNK // 4, 4), axis=0))
+    G4 = _reshape(b, G, lead, b.ints(CHUNK // 4, 4))
     inv = b("Mul", _inverse_4(b, diag, lead), _floor_mask(b, G4, G4), hint="inv_4")   # [..., C/4, 4, 4]
     s = 4
     while s < CHUNK:
@@ -170,7 +170,7 @@ def _triangular_inverse(b: GraphBuilder, Lneg: str, G: str, lead: str) -> str:
         bottom = b("Concat", off, b_inv, axis=-1, hint=f"bottom{s}")
         inv = b("Concat", top, bottom, axis=-2, hint=f"inv_{2 * s}")                 # [..., pairs, 2s, 2s]
         s *= 2
-    return b("Reshape", inv, b("Concat", lead, b.ints(CHUNK, CHUNK), axis=0), hint="T_inv")
+    return _reshape(b, inv, lead, b.ints(CHUNK, CHUNK), hint="T_inv")
 
 
 class _Layout:
