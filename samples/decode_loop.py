@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Greedy generation from a gdn-export folder: one packed prefill for all prompts, then one decode call per step.
+"""Generation from a gdn-export folder: one packed prefill for all prompts, then one decode call per step.
 
 --model is an export folder (gdn_model.json: a whole hybrid model from a Hugging Face folder, or the pure-GDN LM),
 or a MODEL as for gdn-export (default, model.pt, a HF folder), exported first into --export-dir (a temporary
@@ -13,6 +13,14 @@ tokenizer.json (read offline with the tokenizers package; the bundled byte-level
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --ids 9707,11 --ids 1 -n 24
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --compare --hf ./Qwen3.5-0.8B
   python samples/decode_loop.py --model qwen35 --backend tensorrt      # TensorRT + the gdn plugin library
+
+Greedy by default; --temperature T (> 0) samples, with --top-k, --top-p, --min-p, --repetition-penalty and --seed
+(the same seed gives the same tokens on the same backend and device). --stop TEXT (repeatable) ends a sequence at
+that text (cut before it), --stop-id ID at that token id (like an end-of-sequence id), --stream prints text as it
+arrives; -n takes one budget or one per prompt (-n 16,32,8). Decode tokens/s are printed at the end.
+
+  python samples/decode_loop.py --model qwen35 -p "Once upon a time" -n 64 --temperature 0.8 --top-p 0.95 \
+      --seed 1 --stop "\n\n" --stream
 
 --compare runs the chosen backend and PyTorch and compares the tokens; with --hf HF_FOLDER it compares with
 Hugging Face transformers' generate(do_sample=False) run on each prompt alone and reports the largest prefill
@@ -51,7 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a prompt as token ids (repeat; prompts keep their command-line order)")
     p.add_argument("-p", "--prompt", action="append", dest="prompts", type=lambda s: ("text", s), metavar="TEXT",
                    help="a text prompt (repeat)")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=16, metavar="N", help="new tokens per prompt (>= 1)")
+    p.add_argument("-n", "--max-new-tokens", type=str, default="16", metavar="N",
+                   help="new tokens per prompt (>= 1): one number, or one per prompt (16,32,8)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling probability mass (1: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability (0: off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="penalise prompt and generated ids (1: off)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeat)")
+    p.add_argument("--stop-id", action="append", type=int, default=[], metavar="ID", help="stop token id (repeat)")
+    p.add_argument("--stream", action="store_true", help="print text as it arrives")
     p.add_argument("--ignore-eos", action="store_true", help="generate N tokens even after an end-of-sequence id")
     p.add_argument("--compare", action="store_true", help="compare with PyTorch (or with --hf)")
     p.add_argument("--hf", default=None, metavar="HF_FOLDER", help="with --compare: Hugging Face transformers")
@@ -171,7 +189,7 @@ def _first_difference(a: list[list[int]], b: list[list[int]]):
     return None
 
 
-def run_hf(hf_dir: str, prompts, n: int, eos: list[int]):
+def run_hf(hf_dir: str, prompts, n, eos: list[int]):
     """HF generate(do_sample=False) on each prompt alone, and its last-token logits of each prompt."""
     import torch
     try:
@@ -187,46 +205,88 @@ def run_hf(hf_dir: str, prompts, n: int, eos: list[int]):
     model.generation_config.eos_token_id = list(eos) or None
     tokens, last = [], []
     with torch.no_grad():
-        for p in prompts:
+        for j, p in enumerate(prompts):
             ids = torch.tensor([p])
-            out = model.generate(ids, do_sample=False, max_new_tokens=n, attention_mask=torch.ones_like(ids),
+            out = model.generate(ids, do_sample=False, max_new_tokens=n[j] if isinstance(n, list) else n,
+                                 attention_mask=torch.ones_like(ids),
                                  pad_token_id=(eos[0] if eos else 0))
             tokens.append(out[0, len(p):].tolist())
             last.append(model(input_ids=ids).logits[0, -1].float())
     return tokens, torch.stack(last)
 
 
+def parse_budgets(text: str):
+    """-n: one budget (int) or one per prompt (list)."""
+    try:
+        vals = [int(x) for x in str(text).replace(" ", "").split(",")]
+    except ValueError:
+        raise UsageError(f"-n/--max-new-tokens {text!r}: expected an integer >= 1, or one per prompt (16,32,8)") \
+            from None
+    if any(v < 1 for v in vals):
+        raise UsageError(f"-n/--max-new-tokens {text}: expected an integer >= 1" + ("" if len(vals) == 1 else
+                         " for every prompt"))
+    return vals[0] if len(vals) == 1 else vals
+
+
+def sampling_config(args):
+    from gdn_deploy.runtime.sampling import SamplingConfig
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed)
+
+
+def _stream_printer(n_prompts: int):
+    if n_prompts == 1:
+        return lambda i, piece: print(piece, end="", flush=True)
+    return lambda i, piece: print(f"[{i}] +{piece!r}", flush=True)
+
+
 def main_body(args) -> int:
     from gdn_deploy.runtime.backends import make_backend
     from gdn_deploy.runtime.generation import check_prompts, generate
     say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
-    if isinstance(args.max_new_tokens, int) and args.max_new_tokens < 1:
-        raise UsageError(f"-n/--max-new-tokens {args.max_new_tokens}: expected an integer >= 1")
+    budgets = parse_budgets(args.max_new_tokens)
     if args.hf and not args.compare:
         raise UsageError("--hf is used by --compare; add --compare")
+    sampling = sampling_config(args)
+    if args.compare and not sampling.greedy:
+        raise UsageError("--compare checks greedy tokens; leave out --temperature")
     folder = resolve_folder(args, say)
     codec = Codec(folder)
+    if (args.stop or args.stream) and not codec.has_text:
+        raise UsageError(f"--stop/--stream: {folder.path} has no tokenizer.json to make text; use --stop-id")
     prompts, texts = make_prompts(args, codec, folder)
-    check_prompts(folder, prompts, args.max_new_tokens)
-    eos = [] if args.ignore_eos else folder.eos_token_ids
+    check_prompts(folder, prompts, budgets)
+    eos = ([] if args.ignore_eos else list(folder.eos_token_ids)) + list(args.stop_id)
     say(f"{folder.path}: {folder.kind} model, backend {args.backend}, {len(prompts)} prompt(s) of "
-        f"{[len(p) for p in prompts]} tokens, {args.max_new_tokens} new tokens" + (f", eos {eos}" if eos else ""))
+        f"{[len(p) for p in prompts]} tokens, {budgets} new tokens" + (f", eos {eos}" if eos else "") +
+        ("" if sampling.greedy else f", sampling (temperature {sampling.temperature}, top-k {sampling.top_k}, "
+         f"top-p {sampling.top_p}, min-p {sampling.min_p}, repetition penalty {sampling.repetition_penalty})"))
     backend = make_backend(args.backend, folder, device=args.device, plugin_lib=args.plugins,
                            allow_pickle=args.allow_pickle)
-    res = generate(folder, backend, prompts, args.max_new_tokens, eos_token_ids=eos)
+    text_on = codec.has_text and bool(args.stop or args.stream)
+    res = generate(folder, backend, prompts, budgets, eos_token_ids=eos, sampling=sampling, stop_strings=args.stop,
+                   decode_text=codec.decode if text_on else None,
+                   on_text=_stream_printer(len(prompts)) if args.stream else None)
+    if args.stream and len(prompts) == 1:
+        print()
     for i, (p, toks) in enumerate(zip(prompts, res.tokens)):
-        stop = " (eos)" if res.finished[i] else ""
+        stop = {"eos": " (eos)", "stop": " (stop string)"}.get(res.stop_reasons[i], "")
         print(f"[{i}] prompt {p if texts[i] is None else repr(texts[i])} -> {toks}{stop}")
         if codec.has_text:
-            print(f"    text: {codec.decode(toks)!r}")
+            print(f"    text: {(res.texts[i] if res.texts is not None else codec.decode(toks))!r}")
+    if not sampling.greedy:
+        print(f"seed: {res.seed}")
+    say(f"prefill: {sum(len(p) for p in prompts)} tokens in {res.prefill_seconds * 1e3:.1f} ms; decode: "
+        f"{res.decode_tokens} tokens in {res.decode_steps} steps, {res.decode_seconds * 1e3:.1f} ms "
+        f"({res.tokens_per_second:.1f} tokens/s)")
     if not args.compare:
         return ExitCode.OK
     if args.hf:
-        ref_tokens, ref_logits = run_hf(args.hf, prompts, args.max_new_tokens, eos)
+        ref_tokens, ref_logits = run_hf(args.hf, prompts, budgets, eos)
         what = "Hugging Face transformers"
     else:
         ref = generate(folder, make_backend("torch", folder, device=args.device, allow_pickle=args.allow_pickle),
-                       prompts, args.max_new_tokens, eos_token_ids=eos)
+                       prompts, budgets, eos_token_ids=eos)
         ref_tokens, ref_logits, what = ref.tokens, ref.prefill_logits, "PyTorch"
     diff = float((res.prefill_logits - ref_logits.to(res.prefill_logits.dtype)).abs().max())
     print(f"compare: prefill last-token logits max |diff| vs {what}: {diff:.3e}")

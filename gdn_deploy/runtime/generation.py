@@ -1,15 +1,20 @@
-"""Greedy generation from an export folder with any backend.
+"""Generation from an export folder with any backend (greedy by default; sampling, stop strings, streaming).
 
 One prefill call for all prompts (packed, ``cu_seqlens``; sequences of different lengths), then one decode call
 per step for the whole batch: every sequence at its own position, its states carried from the previous call.
 A sequence that emits an end-of-sequence id (the sidecar's ``generation.eos_token_ids`` unless given) stops and
 leaves the batch (its state rows are dropped), so sequences finish at different times.
+
+The next token comes from :class:`.sampling.Sampler` (``sampling``: temperature, top-k/p, min-p, repetition
+penalty, seed; greedy when left out). With ``decode_text`` (ids -> text), each sequence's text is built
+incrementally (:class:`.streaming.TextStream`): ``stop_strings`` end a sequence where one appears, and ``on_text(i,
+piece)`` receives each prompt's new text as it arrives. ``max_new_tokens`` is one budget or one per prompt.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -17,6 +22,8 @@ from torch import Tensor
 from ..errors import UsageError
 from ..lm.model import scatter_packed
 from .folder import ExportFolder
+from .sampling import Sampler, SamplingConfig
+from .streaming import TextStream, check_stop_strings
 
 __all__ = ["GenerationResult", "generate", "check_prompts", "pack_prompts"]
 
@@ -29,18 +36,42 @@ class GenerationResult:
     decode_seconds: float = 0.0
     decode_steps: int = 0
     decode_tokens: int = 0                  # tokens produced by decode calls (batch rows summed over steps)
-    finished: list[bool] = field(default_factory=list)   # stopped by an eos id
+    finished: list[bool] = field(default_factory=list)   # stopped by an eos id or a stop string
+    stop_reasons: list[str] = field(default_factory=list)  # "eos", "stop" (a stop string) or "length"
+    texts: Optional[list[str]] = None       # with decode_text: each prompt's text (cut before a stop string)
+    seed: Optional[int] = None              # the sampler's seed (given or drawn)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: tokens produced by decode calls over their time."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def check_prompts(folder: ExportFolder, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+def token_budgets(max_new_tokens, n: int) -> list[int]:
+    """One new-token budget per prompt from an int or a sequence of n ints (UsageError otherwise)."""
+    many = isinstance(max_new_tokens, (list, tuple))
+    vals = list(max_new_tokens) if many else [max_new_tokens] * n
+    if many and len(vals) != n:
+        raise UsageError(f"-n/--max-new-tokens: {len(vals)} budgets given for {n} prompts (give one, or one per "
+                         "prompt)")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UsageError(f"-n/--max-new-tokens {v!r}: expected an integer >= 1")
+    return vals
+
+
+def check_prompts(folder: ExportFolder, prompts: Sequence[Sequence[int]],
+                  max_new_tokens: Union[int, Sequence[int]]) -> None:
     """UsageError (one line) for n < 1, an empty prompt, an id outside the vocabulary, or prompt + n beyond the
-    model's position limit."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise UsageError(f"-n/--max-new-tokens {max_new_tokens!r}: expected an integer >= 1")
+    model's position limit (``max_new_tokens``: one budget, or one per prompt)."""
+    if not isinstance(max_new_tokens, (list, tuple)):
+        token_budgets(max_new_tokens, 1)
     if not prompts:
         raise UsageError("no prompts: give at least one (--ids 1,2,3 or -p TEXT)")
+    budgets = token_budgets(max_new_tokens, len(prompts))
     V, limit = folder.vocab_size, folder.max_positions
     for i, p in enumerate(prompts):
+        max_new_tokens = budgets[i]
         if len(p) == 0:
             raise UsageError(f"prompt {i} is empty: every prompt needs at least one token")
         bad = [t for t in p if not 0 <= int(t) < V]
@@ -70,9 +101,16 @@ def _dim(d, sizes: dict) -> int:
     return int(sizes[d]) if isinstance(d, str) else int(d)
 
 
-def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-             eos_token_ids: Optional[Sequence[int]] = None) -> GenerationResult:
+def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, Sequence[int]],
+             eos_token_ids: Optional[Sequence[int]] = None, sampling: Optional[SamplingConfig] = None,
+             stop_strings: Sequence[str] = (), decode_text: Optional[Callable[[list[int]], str]] = None,
+             on_text: Optional[Callable[[int, str], None]] = None) -> GenerationResult:
     check_prompts(folder, prompts, max_new_tokens)
+    budgets = token_budgets(max_new_tokens, len(prompts))
+    max_new_tokens = max(budgets)
+    stop_strings = check_stop_strings(stop_strings)
+    if (stop_strings or on_text is not None) and decode_text is None:
+        raise UsageError("stop strings and streamed text need a tokenizer (the folder has no tokenizer.json)")
     dev = backend.device
     ids, cu, pos = pack_prompts(prompts, dev)
     N, T = len(prompts), int(ids.shape[0])
@@ -104,20 +142,28 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     eos = set(folder.eos_token_ids if eos_token_ids is None else eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]
     finished = [False] * N
+    reasons = ["length"] * N
+    sampler = Sampler(sampling, prompts, folder.vocab_size, device=logits.device)
+    streams = [TextStream(decode_text, stop_strings) for _ in prompts] if decode_text is not None else None
     alive = list(range(N))                        # prompt index of each batch row
     positions = torch.tensor(lens, dtype=torch.long, device=dev)
     t_decode, steps, produced = 0.0, 0, 0
     for step in range(max_new_tokens):
-        nxt = logits.float().argmax(-1)
+        nxt = sampler(logits, alive)
         keep = []
         for row, t in enumerate(nxt.tolist()):
             i = alive[row]
             tokens[i].append(t)
             if t in eos:
-                finished[i] = True
-            else:
+                finished[i], reasons[i] = True, "eos"
+            elif streams is not None and _stream(streams[i], t, i, on_text):
+                finished[i], reasons[i] = True, "stop"
+            elif len(tokens[i]) < budgets[i]:
                 keep.append(row)
-        if not keep or step == max_new_tokens - 1:
+                continue
+            if streams is not None:               # the sequence ends here: emit its held-back text
+                _flush(streams[i], i, on_text)
+        if not keep:
             break
         if len(keep) < len(alive):                # finished sequences leave the batch
             rows = torch.tensor(keep, dtype=torch.long)
@@ -136,4 +182,19 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
         logits = out["logits"]
         states = {s.decode_input: out[s.decode_output] for s in folder.states}
         positions = positions + 1
-    return GenerationResult(tokens, prefill_logits, t_prefill, t_decode, steps, produced, finished)
+    return GenerationResult(tokens, prefill_logits, t_prefill, t_decode, steps, produced, finished, reasons,
+                            None if streams is None else [s.text for s in streams], sampler.seed)
+
+
+def _stream(stream: TextStream, token: int, i: int, on_text) -> bool:
+    """Push a token into prompt i's text stream; True when a stop string ended it."""
+    piece = stream.push(token)
+    if piece and on_text is not None:
+        on_text(i, piece)
+    return stream.stopped
+
+
+def _flush(stream: TextStream, i: int, on_text) -> None:
+    piece = stream.finish()
+    if piece and on_text is not None:
+        on_text(i, piece)

@@ -95,6 +95,32 @@ def test_sequences_finish_at_different_times(tmp_path_factory):
         assert got == want
 
 
+def test_sampling_stream_and_stop_flags(tmp_path_factory, capsys):
+    """Seeded sampling repeats; --stream prints the same text as the summary; --stop cuts that prompt only."""
+    _, hf_dir, out, _ = _hf_folder(tmp_path_factory)
+    if not (out / "gdn_model.json").is_file():
+        assert _run(capsys, "--model", hf_dir, "--export-dir", out, "-n", 1)[0] == 0
+    argv = ["--model", out, "-p", "w1 w2 w3", "-p", "w5", "-n", "12,6", "--ignore-eos", "--temperature", "1.2",
+            "--top-k", "30", "--top-p", "0.9", "--min-p", "0.02", "--repetition-penalty", "1.1", "--seed", "5"]
+    runs = [_run(capsys, *argv) for _ in range(2)]
+    assert runs[0][0] == 0 and "seed: 5" in runs[0][1], runs[0][2]
+    res = [ln for ln in runs[0][1].splitlines() if ln.startswith("[") or ln.startswith("    text:")]
+    assert res == [ln for ln in runs[1][1].splitlines() if ln.startswith("[") or ln.startswith("    text:")]
+    assert "tokens/s)" in runs[0][1]
+    toks = [eval(ln.split(" -> ")[1]) for ln in res if ln.startswith("[")]
+    assert [len(t) for t in toks] == [12, 6]
+    texts = [eval(ln.split("text: ", 1)[1]) for ln in res if ln.startswith("    text:")]
+    code, text, err = _run(capsys, *argv[:4], "-n", "12", "--ignore-eos", *argv[9:], "--stream")
+    assert code == 0, err
+    assert texts[0] in text and f"    text: {texts[0]!r}" in text
+    words = texts[0].split()
+    stop = " ".join(words[2:4])
+    code, text, err = _run(capsys, *argv, "--stop", stop)
+    assert code == 0, err
+    assert f"    text: {texts[0][:texts[0].index(stop)]!r}" in text and "(stop string)" in text
+    assert f"    text: {texts[1]!r}" in text or stop in texts[1]
+
+
 def test_default_model_backends_agree(capsys, tmp_path):
     code, text, err = _run(capsys, "--export-dir", tmp_path / "d", "--backend", "onnxruntime", "-n", 6, "--compare")
     assert code == 0, err
@@ -139,6 +165,11 @@ def test_bad_inputs_end_in_one_line(tmp_path_factory, tmp_path, capsys):
     cases["n_negative"] = (["--model", out, "-n", -5], ExitCode.USAGE, "-n/--max-new-tokens -5")
     cases["bad_ids"] = (["--model", out, "--ids", "1,x"], ExitCode.USAGE, "expected comma-separated integers")
     cases["id_outside_vocab"] = (["--model", out, "--ids", "1,500"], ExitCode.USAGE, "outside the vocabulary [0, 96)")
+    cases["top_p_zero"] = (["--model", out, "--temperature", "1", "--top-p", "0"], ExitCode.USAGE, "--top-p 0.0")
+    cases["compare_sampling"] = (["--model", out, "--temperature", "1", "--compare"], ExitCode.USAGE,
+                                 "--compare checks greedy tokens")
+    cases["budgets_per_prompt"] = (["--model", out, "--ids", "1", "-n", "3,4"], ExitCode.USAGE,
+                                   "2 budgets given for 1 prompts")
     cases["hf_without_compare"] = (["--model", out, "--hf", hf_dir], ExitCode.USAGE, "--hf is used by --compare")
     cases["export_dir_of_another_model"] = (["--model", "default", "--export-dir", out], ExitCode.USAGE,
                                             "holds the export of another model than default")
