@@ -16,6 +16,12 @@ model in bf16 on the gdn CUDA kernels and HF in bf16 (FLA's kernels when fla-cor
 up itself) on the same GPU. Configs: ``tiny`` (hidden 256, 4 layers, GDN K=V=128) and ``mid`` (Qwen3.5-0.8B shapes:
 hidden 1024, 8/2 attention heads of 256, 16 GDN heads K=V=128, MLP 3584, with 4 layers (3 GDN + 1 attention) and a
 32K vocabulary instead of 24 layers and 248K). Writes bench_generate.json and a markdown table to --out.
+
+--engine-batches 1,8,64 (cuda): per decode step in ms at each batch size (prompts of --prompt-len), side by side:
+the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket), the same step
+eager, the model's forward_decode (the runtime's eager path) and HF (+ FLA) (its decode tok/s turned into ms per
+step), with the byte floor: weights + GDN states + the filled KV read once at the copy bandwidth measured in the
+same run. --engine-only skips the throughput rows above.
 """
 from __future__ import annotations
 
@@ -141,6 +147,73 @@ def bench_hf(model, prompts, new, repeats, device):
     return _median(pre), _median(dec), out[:, ids.shape[1]:].tolist()
 
 
+def _cuda_ms(fn, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write of 1 GiB)."""
+    a = torch.empty(1 << 29, dtype=torch.int16, device="cuda")
+    b = torch.empty_like(a)
+    ms = _cuda_ms(lambda: b.copy_(a), 10)
+    return 2 * a.numel() * a.element_size() / (ms * 1e-3)
+
+
+def byte_floor(model, B: int, L: int, bw: float) -> float:
+    """ms to read weights + GDN states + B sequences' L cached keys/values once at bw bytes/s."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    for layer in model.layers:
+        if layer.layer_type == "linear_attention":
+            conv, rec = layer.linear_attn.init_states(1, device="meta")
+            n += B * (conv.numel() * conv.element_size() + rec.numel() * 4)
+        else:
+            a = layer.self_attn
+            n += B * L * 2 * a.num_kv_heads * a.head_dim * model.embed_tokens.weight.element_size()
+    return n / bw * 1e3
+
+
+def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name):
+    from gdn_deploy.lm.generate import pack_prompts
+    from gdn_deploy.lm.model import decode_states_from_prefill
+    from gdn_deploy.runtime.cuda_engine import DecodeEngine
+    bw = copy_bandwidth()
+    V = model.hybrid_config.vocab_size
+    gen = torch.Generator().manual_seed(2)
+    for B in batches:
+        prompts = [torch.randint(0, V, (prompt_len,), generator=gen).tolist() for _ in range(B)]
+        cap = prompt_len + 3 * steps + 8
+        row = dict(config=name, batch=B, prompt_len=prompt_len, floor_ms=byte_floor(model, B, prompt_len, bw),
+                   copy_bw_GBs=bw / 1e9)
+        ids = torch.randint(0, V, (B,), device="cuda")
+        with torch.no_grad():
+            for label, graphs in (("engine_graph_ms", True), ("engine_eager_ms", False)):
+                eng = DecodeEngine(model, pool_size=max(batches), capacity=cap, graphs=graphs)
+                slots, _ = eng.add(prompts)
+                sl = torch.tensor(slots, device="cuda")
+                row[label] = _cuda_ms(lambda: eng.decoder.step(ids, sl), steps)
+                del eng
+            pids, cu = pack_prompts(prompts, "cuda")
+            _, st = model.forward_prefill(pids, cu, last_only=True)
+            st = decode_states_from_prefill(model.hybrid_config, st, cu, cap)
+            pos = torch.full((B,), prompt_len, device="cuda")
+            row["forward_decode_ms"] = _cuda_ms(lambda: model.forward_decode(ids, pos, st), steps)
+        _, d, _ = bench_hf(hf16, prompts, steps, 1, "cuda")
+        row["hf_ms"] = B / d * 1e3
+        row["floor_fraction"] = row["floor_ms"] / row["engine_graph_ms"]
+        row["speedup_vs_hf"] = row["hf_ms"] / row["engine_graph_ms"]
+        rows.append(row)
+        print(row, flush=True)
+        torch.cuda.empty_cache()
+
+
 def _agreement(a, b) -> float:
     """Fraction of generated positions where two runs agree, up to their first difference (a timing run's sanity
     check: HF's default init gives near-uniform logits, where argmax ties split runs; the tests check equality)."""
@@ -196,6 +269,11 @@ def run_config(name, args, rows):
             raise SystemExit(f"bench_generate: gdn CUDA kernels unavailable: {st.reason}")
         from gdn_deploy.lm.hf_folder import load_hf_causal_lm
         model = load_hf_causal_lm(tmp / "hf", dtype=torch.bfloat16).to("cuda")
+        if args.engine_batches:
+            bench_engine_steps(model, hf.to("cuda", torch.bfloat16), [int(b) for b in args.engine_batches.split(",")],
+                               args.prompt_len, args.new, rows, name)
+        if args.engine_only:
+            return
         for attention, how in (("spans", "fused attention per sequence"), ("mask", "block-diagonal mask")):
             p, d, got = bench_model_cuda(model, prompts, args.new, args.repeats, attention)
             if attention == "spans":
@@ -221,6 +299,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads of torch and onnxruntime alike (default 1: comparable, and stable on a shared "
                          "machine where oversubscribed OpenMP threads slow torch down many times)")
+    ap.add_argument("--engine-batches", default="", help="cuda: per-step ms of the graphed engine at these batch "
+                    "sizes (e.g. 1,8,64)")
+    ap.add_argument("--engine-only", action="store_true", help="cuda: only the --engine-batches rows")
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     args = ap.parse_args(argv)
     if args.device == "cpu":
@@ -236,6 +317,14 @@ def main(argv=None) -> int:
                gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
     (out / "bench_generate.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
     lines = ["| config | batch | runtime | prefill tok/s | decode tok/s |", "|---|---|---|---|---|"]
+    steps = [r for r in rows if "engine_graph_ms" in r]
+    rows = [r for r in rows if "engine_graph_ms" not in r]
+    if steps:
+        lines = ["| config | batch x prompt | graphed engine ms | engine eager ms | forward_decode ms | HF ms | "
+                 "byte floor ms | floor / graphed | HF / graphed |", "|---|---|---|---|---|---|---|---|---|"] + [
+            f"| {r['config']} | {r['batch']} x {r['prompt_len']} | {r['engine_graph_ms']:.3f} | "
+            f"{r['engine_eager_ms']:.3f} | {r['forward_decode_ms']:.3f} | {r['hf_ms']:.3f} | {r['floor_ms']:.3f} | "
+            f"{r['floor_fraction']:.2f} | {r['speedup_vs_hf']:.1f}x |" for r in steps] + [""] + lines
     for r in rows:
         lines.append(f"| {r['config']} | {r['shape']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "
                      f"{r['decode_tok_s']:.1f} |")

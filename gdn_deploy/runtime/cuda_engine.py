@@ -1,0 +1,349 @@
+"""A graph-safe decode step for HybridLM over preallocated state pools, CUDA graphs per batch bucket, and
+continuous batching (sequences join and leave between steps).
+
+:class:`StaticDecoder` owns, for a pool of P sequence slots (+ one scratch slot for padded rows):
+
+- per GDN layer ``conv [P+1, conv_dim, W-1]`` (model dtype) and ``rec [P+1, Hv, K, V]`` float32;
+- per attention layer ``k, v [P+1, Hkv, capacity, D]`` (model dtype);
+- ``positions [P+1]`` int64 on the device (tokens cached per slot), RoPE frequencies on the device.
+
+One step (:meth:`StaticDecoder.step`) takes the new token ids and the slots of the batch, all on the device,
+and returns logits ``[B, vocab]``: every layer reads and writes its pools in place at the slots (GDN recurrent
+state through ``torch.ops.gdn.decode_pool_``, the conv state and the new key/value through index writes), the
+attention reads only each slot's filled positions (:func:`.decode_attention.decode_attention`), and the slot
+positions advance by one inside the step. Nothing is copied between host and device, no shape depends on data,
+and MoE layers gather their k experts per token, so on CUDA the step for a batch size is captured once per bucket
+(1, 2, 4, ... up to P) with ``torch.cuda.CUDAGraph`` and replayed; a batch of B rows runs the smallest bucket
+>= B, the extra rows pointed at the scratch slot (their GDN rows skipped with slot -1).
+
+:class:`DecodeEngine` adds the bookkeeping: a free-slot list, prefill of new prompts (the model's packed prefill,
+then its states written into the pools at fresh slots), :meth:`DecodeEngine.step` for any set of live sequences
+(the batch may change every step: no recapture), :meth:`DecodeEngine.release`. :func:`engine_generate` runs a
+continuous-batching generation loop on it (prompts may arrive at later steps).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import UsageError
+from ..lm.attention import apply_rope, rope_cos_sin, rope_inv_freq
+from ..lm.gdn import L2NORM_EPS
+from ..lm.mlp import SparseMoE
+from .decode_attention import decode_attention
+from .sampling import Sampler, SamplingConfig
+
+__all__ = ["StaticDecoder", "DecodeEngine", "EngineResult", "engine_generate", "batch_buckets"]
+
+
+def batch_buckets(pool_size: int) -> list[int]:
+    """1, 2, 4, ... and pool_size itself (the last bucket)."""
+    if pool_size < 1:
+        raise ValueError(f"pool size: expected >= 1, got {pool_size}")
+    out, b = [], 1
+    while b < pool_size:
+        out.append(b)
+        b *= 2
+    return out + [pool_size]
+
+
+def _mlp(mlp, x: Tensor) -> Tensor:
+    """The layer's MLP with MoE layers in the capture-safe "gather" form (each token reads its k experts)."""
+    if isinstance(mlp, SparseMoE):
+        idx, w = mlp.route(x)
+        return mlp.experts.gather(x, idx, w) + torch.sigmoid(mlp.shared_expert_gate(x)) * mlp.shared_expert(x)
+    return mlp(x)
+
+
+def _finish(layer, h: Tensor, y: Tensor) -> Tensor:
+    """DecoderLayer._finish with :func:`_mlp`."""
+    if layer.post_norm:
+        h = h + layer.post_attention_layernorm(y)
+        return h + layer.post_feedforward_layernorm(_mlp(layer.mlp, h))
+    h = h + y
+    return h + _mlp(layer.mlp, layer.post_attention_layernorm(h))
+
+
+def _qkv(attn, x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor]):
+    """Attention._qkv with RoPE cos/sin given (from device-resident frequencies)."""
+    c, R, H, Hkv, D = attn.config, x.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
+    gate = None
+    if c.output_gate:
+        qg = attn.q_proj(x).reshape(R, H, 2 * D)
+        q, gate = qg[..., :D], qg[..., D:].reshape(R, H * D)
+    else:
+        q = attn.q_proj(x)
+    k = attn.k_proj(x)
+    if c.qk_norm == "proj":
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.reshape(R, H, D), k.reshape(R, Hkv, D)
+    if c.qk_norm == "head":
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    v = attn.v_proj(x).reshape(R, Hkv, D)
+    if cos is not None:
+        q, k = apply_rope(q, cos, sin, c.rope_fp32), apply_rope(k, cos, sin, c.rope_fp32)
+    return q, k, v, gate
+
+
+class StaticDecoder:
+    """Pools and the in-place decode step of one HybridLM (see the module docstring)."""
+
+    def __init__(self, model, pool_size: int, capacity: int, attention: str = "auto"):
+        if capacity < 1:
+            raise ValueError(f"capacity: expected >= 1 cached positions, got {capacity}")
+        self.model = model
+        self.pool_size, self.capacity, self.attention = int(pool_size), int(capacity), attention
+        self.buckets = batch_buckets(self.pool_size)
+        p = model.embed_tokens.weight
+        self.device, self.dtype = p.device, p.dtype
+        self.scratch = self.pool_size                                 # the extra row padded batch rows use
+        rows = self.pool_size + 1
+        self.pools: list[tuple[Tensor, Tensor]] = []
+        self.inv_freq: list[Optional[Tensor]] = []
+        for layer in model.layers:
+            if layer.layer_type == "linear_attention":
+                self.pools.append(layer.linear_attn.init_states(rows, self.dtype, self.device))
+                self.inv_freq.append(None)
+            else:
+                a = layer.self_attn
+                shape = (rows, a.num_kv_heads, self.capacity, a.head_dim)
+                self.pools.append((torch.zeros(shape, dtype=self.dtype, device=self.device),
+                                   torch.zeros(shape, dtype=self.dtype, device=self.device)))
+                c = a.config
+                self.inv_freq.append(None if c.rope_theta is None else
+                                     rope_inv_freq(c.rope_theta, c.rotary_dim).to(self.device))
+        self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.graphs: dict[int, tuple] = {}
+        self._graph_pool = None
+
+    # ---- the step ---------------------------------------------------------------------------------------
+    def _gdn(self, g, x: Tensor, pools, slots: Tensor, gdn_slots: Tensor) -> Tensor:
+        conv_pool, rec_pool = pools
+        mixed, z, b, a = g._project(x)
+        mixed, conv_new = g._step_conv(mixed, conv_pool.index_select(0, slots))
+        conv_pool.index_copy_(0, slots, conv_new.to(conv_pool.dtype))
+        q, k, v = g._split_qkv(mixed)
+        gt = g._gate_args(a, b)
+        o = torch.ops.gdn.decode_pool_(q, k, v, gt["g"], gt["beta"], rec_pool, gdn_slots, gt["A_log"],
+                                       gt["dt_bias"], gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
+                                       l2norm_eps=L2NORM_EPS)
+        return g._output(o, z)
+
+    def _attn(self, attn, x: Tensor, pools, slots: Tensor, pos: Tensor, inv_freq: Optional[Tensor]) -> Tensor:
+        k_pool, v_pool = pools
+        cos = sin = None
+        if inv_freq is not None:
+            cos, sin = rope_cos_sin(pos, inv_freq, attn.config.rope_factor)
+        q, k, v, gate = _qkv(attn, x, cos, sin)
+        k_pool[slots, :, pos] = k.to(k_pool.dtype)                     # [B, Hkv, D] at (slot, :, position)
+        v_pool[slots, :, pos] = v.to(v_pool.dtype)
+        o = decode_attention(q, k_pool, v_pool, slots, pos + 1, attn.scaling, impl=self.attention)
+        return attn._out(o.reshape(o.shape[0], -1), gate)
+
+    def _step(self, ids: Tensor, slots: Tensor, gdn_slots: Tensor) -> Tensor:
+        m = self.model
+        pos = self.positions.index_select(0, slots).clamp(max=self.capacity - 1)
+        h = m.embed_tokens(ids)
+        for layer, pools, inv in zip(m.layers, self.pools, self.inv_freq):
+            x = layer._mixer_in(h)
+            if layer.layer_type == "linear_attention":
+                y = self._gdn(layer.linear_attn, x, pools, slots, gdn_slots)
+            else:
+                y = self._attn(layer.self_attn, x, pools, slots, pos, inv)
+            h = _finish(layer, h, y)
+        self.positions.index_copy_(0, slots, pos + 1)
+        self.positions[self.scratch] = 0                          # padded rows always read one position
+        return m._logits(h)
+
+    @torch.no_grad()
+    def step_eager(self, ids: Tensor, slots: Tensor) -> Tensor:
+        """One decode step without graphs: ids [B] int64, slots [B] int64 (distinct, in [0, P)) -> logits."""
+        return self._step(ids, slots, slots.to(torch.int32))
+
+    # ---- graphs -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def capture(self, buckets: Optional[Sequence[int]] = None, warmup: int = 2) -> None:
+        """Capture the step once per batch bucket (CUDA only). Warm-up and capture touch only the scratch slot."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need the model on a CUDA device")
+        for B in sorted(buckets or self.buckets):
+            ids = torch.zeros(B, dtype=torch.long, device=self.device)
+            slots = torch.full((B,), self.scratch, dtype=torch.long, device=self.device)
+            gslots = torch.full((B,), -1, dtype=torch.int32, device=self.device)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    self._step(ids, slots, gslots)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                out = self._step(ids, slots, gslots)
+            self._graph_pool = graph.pool()
+            self.graphs[B] = (graph, ids, slots, gslots, out)
+
+    def bucket(self, B: int) -> int:
+        for b in sorted(self.graphs) if self.graphs else self.buckets:
+            if b >= B:
+                return b
+        raise ValueError(f"batch of {B} rows exceeds the pool size {self.pool_size}")
+
+    @torch.no_grad()
+    def step(self, ids: Tensor, slots: Tensor) -> Tensor:
+        """:meth:`step_eager`, replayed from the captured graph of the smallest bucket >= B when captured.
+        The returned logits are a view of the graph's output buffer: valid until the next step."""
+        B = ids.shape[0]
+        if not self.graphs:
+            return self.step_eager(ids, slots)
+        graph, g_ids, g_slots, g_gslots, out = self.graphs[self.bucket(B)]
+        g_ids[:B].copy_(ids)
+        g_slots[:B].copy_(slots)
+        g_gslots[:B].copy_(slots)
+        if B < g_ids.shape[0]:
+            g_slots[B:].fill_(self.scratch)
+            g_gslots[B:].fill_(-1)
+        graph.replay()
+        return out[:B]
+
+    # ---- filling slots from a prefill -------------------------------------------------------------------
+    @torch.no_grad()
+    def write_prefill(self, slots: Sequence[int], states, cu_seqlens: Sequence[int]) -> None:
+        """Write the model's prefill states of N packed sequences into the pools at ``slots``."""
+        sl = torch.tensor(list(slots), dtype=torch.long, device=self.device)
+        for layer, pools, (a, b) in zip(self.model.layers, self.pools, states):
+            if layer.layer_type == "linear_attention":
+                pools[0].index_copy_(0, sl, a.to(pools[0].dtype))
+                pools[1].index_copy_(0, sl, b.to(pools[1].dtype))
+            else:
+                for n, s in enumerate(slots):
+                    lo, hi = cu_seqlens[n], cu_seqlens[n + 1]
+                    pools[0][s, :, :hi - lo] = a[lo:hi].transpose(0, 1).to(pools[0].dtype)
+                    pools[1][s, :, :hi - lo] = b[lo:hi].transpose(0, 1).to(pools[1].dtype)
+        lens = torch.tensor([cu_seqlens[n + 1] - cu_seqlens[n] for n in range(len(slots))], dtype=torch.long)
+        self.positions.index_copy_(0, sl, lens.to(self.device))
+
+
+class DecodeEngine:
+    """Continuous batching over a :class:`StaticDecoder`: slots are handed out from a free list."""
+
+    def __init__(self, model, pool_size: int, capacity: int, graphs: Optional[bool] = None, attention: str = "auto"):
+        self.model = model
+        self.decoder = StaticDecoder(model, pool_size, capacity, attention)
+        self.free = list(range(pool_size - 1, -1, -1))                 # pop() hands out 0, 1, 2, ...
+        self.lengths: dict[int, int] = {}                              # slot -> tokens cached (host mirror)
+        if graphs is None:
+            graphs = self.decoder.device.type == "cuda"
+        if graphs:
+            self.decoder.capture()
+
+    @property
+    def capacity(self) -> int:
+        return self.decoder.capacity
+
+    @torch.no_grad()
+    def add(self, prompts: Sequence[Sequence[int]]) -> tuple[list[int], Tensor]:
+        """Prefill prompts into fresh slots -> (slots, last-token logits [N, vocab])."""
+        if len(prompts) > len(self.free):
+            raise UsageError(f"{len(prompts)} new sequences but only {len(self.free)} free slots of "
+                             f"{self.decoder.pool_size}")
+        for i, p in enumerate(prompts):
+            if not 1 <= len(p) < self.capacity:
+                raise UsageError(f"prompt {i}: {len(p)} tokens; the engine caches 1 to {self.capacity - 1} "
+                                 "prompt tokens (capacity)")
+        dev = self.decoder.device
+        ids = torch.tensor([int(t) for p in prompts for t in p], dtype=torch.long, device=dev)
+        cu = [0]
+        for p in prompts:
+            cu.append(cu[-1] + len(p))
+        logits, states = self.model.forward_prefill(ids, torch.tensor(cu, dtype=torch.int32, device=dev),
+                                                    last_only=True)
+        slots = [self.free.pop() for _ in prompts]
+        self.decoder.write_prefill(slots, states, cu)
+        for s, p in zip(slots, prompts):
+            self.lengths[s] = len(p)
+        return slots, logits
+
+    def step(self, slots: Sequence[int], ids: Tensor) -> Tensor:
+        """One decode step for the sequences at ``slots`` (any live subset, any order) with their new token ids
+        (a device tensor [B]) -> logits [B, vocab] (valid until the next step)."""
+        for s in slots:
+            if s not in self.lengths:
+                raise ValueError(f"slot {s} holds no live sequence")
+            if self.lengths[s] >= self.capacity:
+                raise UsageError(f"slot {s}: {self.lengths[s]} tokens fill the engine's capacity {self.capacity}")
+            self.lengths[s] += 1
+        sl = torch.tensor(list(slots), dtype=torch.long).to(self.decoder.device, non_blocking=True)
+        return self.decoder.step(ids.to(self.decoder.device), sl)
+
+    def release(self, slots: Sequence[int]) -> None:
+        for s in slots:
+            if self.lengths.pop(s, None) is None:
+                raise ValueError(f"slot {s} holds no live sequence")
+            self.free.append(s)
+
+
+@dataclass
+class EngineResult:
+    tokens: list[list[int]]
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    stop_reasons: list[str] = field(default_factory=list)
+
+
+def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                    sampling: Optional[SamplingConfig] = None, eos_token_ids: Sequence[int] = (),
+                    arrivals: Optional[Sequence[int]] = None) -> EngineResult:
+    """Generate with continuous batching: prompt i joins at decode step ``arrivals[i]`` (default 0: all at once,
+    as pool slots allow; a prompt waits while the pool is full), leaves at an eos id or after max_new_tokens."""
+    N = len(prompts)
+    arrivals = list(arrivals) if arrivals is not None else [0] * N
+    vocab = engine.model.hybrid_config.vocab_size
+    sampler = Sampler(sampling, prompts, vocab, device=engine.decoder.device)
+    eos = set(int(t) for t in eos_token_ids)
+    tokens: list[list[int]] = [[] for _ in prompts]
+    reasons = ["length"] * N
+    waiting = sorted(range(N), key=lambda i: (arrivals[i], i))
+    live: list[int] = []                     # prompt indices in the batch
+    slot_of: dict[int, int] = {}
+    next_ids: dict[int, Tensor] = {}         # prompt -> its next input token (device scalar)
+    step, t_dec, steps, produced = 0, 0.0, 0, 0
+
+    def take(rows: list[int], logits: Tensor) -> None:
+        ids = sampler(logits, rows)
+        for r, (i, t) in enumerate(zip(rows, ids.tolist())):
+            tokens[i].append(t)
+            if t in eos or len(tokens[i]) >= max_new_tokens:
+                reasons[i] = "eos" if t in eos else "length"
+                engine.release([slot_of[i]])
+                live.remove(i)
+            else:
+                next_ids[i] = ids[r:r + 1]
+
+    while waiting or live:
+        joining = [i for i in waiting if arrivals[i] <= step][:len(engine.free)]
+        if joining:
+            waiting = [i for i in waiting if i not in joining]
+            slots, logits = engine.add([prompts[i] for i in joining])
+            slot_of.update(zip(joining, slots))
+            live.extend(joining)
+            take(joining, logits)
+        if live:
+            rows = list(live)
+            ids = torch.cat([next_ids[i] for i in rows])
+            if engine.decoder.device.type == "cuda":
+                torch.cuda.synchronize(engine.decoder.device)
+            t0 = time.perf_counter()
+            logits = engine.step([slot_of[i] for i in rows], ids)
+            if engine.decoder.device.type == "cuda":
+                torch.cuda.synchronize(engine.decoder.device)
+            t_dec += time.perf_counter() - t0
+            steps, produced = steps + 1, produced + len(rows)
+            take(rows, logits)
+        step += 1
+    return EngineResult(tokens, t_dec, steps, produced, reasons)
