@@ -236,6 +236,7 @@ class DecodeEngine:
         self.decoder = StaticDecoder(model, pool_size, capacity, attention)
         self.free = list(range(pool_size - 1, -1, -1))                 # pop() hands out 0, 1, 2, ...
         self.lengths: dict[int, int] = {}                              # slot -> tokens cached (host mirror)
+        self._slots_key, self._slots_dev = None, None                  # the last batch's slots, on the device
         if graphs is None:
             graphs = self.decoder.device.type == "cuda"
         if graphs:
@@ -277,8 +278,11 @@ class DecodeEngine:
             if self.lengths[s] >= self.capacity:
                 raise UsageError(f"slot {s}: {self.lengths[s]} tokens fill the engine's capacity {self.capacity}")
             self.lengths[s] += 1
-        sl = torch.tensor(list(slots), dtype=torch.long).to(self.decoder.device, non_blocking=True)
-        return self.decoder.step(ids.to(self.decoder.device), sl)
+        key = tuple(slots)
+        if key != self._slots_key:                                     # copied only when the batch changes
+            self._slots_key = key
+            self._slots_dev = torch.tensor(key, dtype=torch.long).to(self.decoder.device)
+        return self.decoder.step(ids.to(self.decoder.device), self._slots_dev)
 
     def release(self, slots: Sequence[int]) -> None:
         for s in slots:
