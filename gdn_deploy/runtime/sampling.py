@@ -10,8 +10,11 @@ batched, in float32, on the logits' device, in Hugging Face transformers' order:
 4. top-p (nucleus): keep the smallest set of most likely tokens whose probability reaches p;
 5. min-p: drop tokens whose probability is below ``min_p`` times the largest one;
 
-then a draw from the softmax with one ``torch.Generator`` per run, seeded (``seed``): the same seed, prompts and
-settings give the same tokens. ``temperature == 0`` is greedy (argmax after the repetition penalty), and with the
+then a draw from the softmax. Each prompt has its own ``torch.Generator``, seeded from the run's ``seed`` and the
+prompt's index, and the draw is an exponential race (``argmax(p / E)``, ``E ~ Exp(1)`` from that generator), so a
+sequence's tokens depend on the seed, its index and its own logits only: not on which other sequences share the
+batch, join it or leave it. The same seed, prompts and settings give the same tokens on the same device.
+``temperature == 0`` is greedy (argmax after the repetition penalty), and with the
 default settings the chosen ids equal ``logits.argmax(-1)`` exactly. Filtered-out tokens get ``-inf``; at least
 one token always survives.
 """
@@ -109,10 +112,12 @@ class Sampler:
         self.config = c = config or SamplingConfig()
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.seed = c.seed if c.seed is not None else int(torch.randint(0, 2 ** 62, (1,)).item())
-        self.generator = None
+        self.generators = []
         if not c.greedy:
-            self.generator = torch.Generator(device=self.device)
-            self.generator.manual_seed(self.seed)
+            for i in range(len(prompts)):
+                g = torch.Generator(device=self.device)
+                g.manual_seed((self.seed + 0x9E3779B97F4A7C15 * (i + 1)) % 2 ** 63)
+                self.generators.append(g)
         self.seen = None
         if c.repetition_penalty != 1.0:
             self.seen = torch.zeros(len(prompts), vocab_size, dtype=torch.bool, device=self.device)
@@ -138,7 +143,10 @@ class Sampler:
         if self.config.greedy:
             ids = x.argmax(-1)
         else:
-            ids = torch.multinomial(x.softmax(-1), 1, generator=self.generator)[:, 0]
+            V = x.shape[-1]
+            race = torch.stack([torch.empty(V, device=x.device).exponential_(generator=self.generators[i])
+                                for i in rows])
+            ids = (x.softmax(-1) / race).argmax(-1)
         if self.seen is not None:
             self.seen[torch.tensor(list(rows), device=self.device), ids] = True
         return ids

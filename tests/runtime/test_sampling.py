@@ -166,10 +166,13 @@ def test_seed_reproduces_and_draws_only_kept_tokens(gen):
 
 
 def test_draw_frequencies_follow_the_filtered_distribution(gen):
-    """5 tokens of known probabilities, top-k 3: 40000 draws land within 5 sigma of the renormalised probs."""
+    """5 tokens of known probabilities, top-k 3: 40000 draws (400 sequences x 100 steps) land within 5 sigma of
+    the renormalised probabilities."""
     p = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
-    x = p.log().repeat(40000, 1)
-    ids = Sampler(SamplingConfig(temperature=1.0, top_k=3, seed=7), [[0]] * 40000, 5)(x, range(40000))
+    x = p.log().repeat(400, 1)
+    s = Sampler(SamplingConfig(temperature=1.0, top_k=3, seed=int(torch.randint(0, 2 ** 31, (1,), generator=gen))),
+                [[0]] * 400, 5)
+    ids = torch.cat([s(x, range(400)) for _ in range(100)])
     freq = torch.bincount(ids, minlength=5).double() / 40000
     want = torch.tensor([0.4, 0.3, 0.15, 0.0, 0.0], dtype=torch.float64) / 0.85
     sigma = (want * (1 - want) / 40000).sqrt()
@@ -286,6 +289,18 @@ def test_generate_seeded_sampling_reproducible():
     assert a.tokens != greedy
     c = generate(folder, be, prompts, 20, sampling=SamplingConfig(temperature=1.5, top_k=40, seed=78))
     assert c.tokens != a.tokens
+
+
+def test_sampled_tokens_do_not_depend_on_the_batch():
+    """A sequence samples the same tokens alone, beside others, and when the others leave early."""
+    folder, be = _toy()
+    prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 9]]
+    cfg = SamplingConfig(temperature=1.2, top_p=0.95, seed=3)
+    full = generate(folder, be, prompts, 16, sampling=cfg).tokens
+    short = generate(folder, be, prompts, [16, 2, 5], sampling=cfg).tokens
+    assert short == [full[0], full[1][:2], full[2][:5]]
+    alone = generate(folder, be, prompts[:1], 16, sampling=cfg).tokens
+    assert alone[0] == full[0]
 
 
 def test_generate_stop_string_ends_only_its_sequence():
