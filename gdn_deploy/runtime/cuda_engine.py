@@ -157,7 +157,7 @@ class StaticDecoder:
                 y = self._attn(layer.self_attn, x, pools, slots, pos, inv)
             h = _finish(layer, h, y)
         self.positions.index_copy_(0, slots, pos + 1)
-        self.positions[self.scratch] = 0                          # padded rows always read one position
+        self.positions.narrow(0, self.scratch, 1).zero_()         # padded rows always read one position
         return m._logits(h)
 
     @torch.no_grad()
