@@ -10,8 +10,8 @@ bf16 matmul TFLOP/s on random data), then:
   Reports us/call, GB/s, fraction of copy bandwidth, speedup vs FLA.
 - prefill (packed varlen): ours (when the prefill kernel is built), FLA chunk_gated_delta_rule with
   cu_seqlens; reports ms, fraction of the bandwidth floor and of matmul throughput, speedup vs FLA.
-  Shard shapes (few heads per GPU after tensor parallelism, K = V = 64 / 256, varlen) also time, in the same
-  run, ours_prev (the scan the automatic choice picked before the context-parallel scan: the A/B) and
+  Every case also times ours_prev (the scan the automatic choice picked before the context-parallel scan: the
+  A/B, same run); shard shapes (few heads per GPU after tensor parallelism, K = V = 64 / 256, varlen) also
   ours_cpG / ours_cpmmaG (the context-parallel scan forced to G segments per sequence, --cp-segments; its output
   pass on wgmma / on mma.sync).
   ms is GPU time: per call, the union of the device intervals recorded by the torch profiler (kernels
@@ -385,9 +385,8 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
                 o_ours, s_ours = o.clone(), fs.clone()
             except Exception as e:  # noqa: BLE001
                 log(f"  [{name}] ours failed: {type(e).__name__}: {e}")
-            variants = {}
+            variants = {"ours_prev": dict(scan=_prev_scan(kernels, N, Hv, K, V))}
             if name.startswith("shard"):
-                variants["ours_prev"] = dict(scan=_prev_scan(kernels, N, Hv, K, V))
                 variants.update({f"ours_cp{G}": dict(scan="cp", segments=G) for G in cp_segments})
                 if K <= 128:  # the output pass on mma.sync instead of wgmma
                     variants.update({f"ours_cpmma{G}": dict(scan="cp_mma", segments=G) for G in cp_segments})
@@ -477,7 +476,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list)")
-    ap.add_argument("--cp-segments", default="4,8,16", help="forced context-parallel segment counts (shard cases)")
+    ap.add_argument("--cp-segments", default="4,8,16",
+                    help="forced context-parallel segment counts (shard cases; 0: none)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to benchmark")
@@ -500,7 +500,7 @@ def main(argv=None):
             bench_decode(ceil, a.quick, kernels, fla_rec)
         if "prefill" in sections:
             bench_prefill(ceil, a.quick, kernels, fla_chunk, a.cases,
-                          tuple(int(x) for x in a.cp_segments.split(",") if x))
+                          tuple(int(x) for x in a.cp_segments.split(",") if x and int(x) > 0))
     finally:
         write(Path(a.out), meta)
         summary()

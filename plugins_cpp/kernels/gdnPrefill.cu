@@ -190,12 +190,15 @@ bool isCpScan(PrefillScan s)
 
 // Segments per sequence of the context-parallel scan on a device of `sms` SMs [Context-parallel prefill]: enough
 // that N x G x Hv x V/64 scan CTAs fill the SMs once, segments of at least kCpMinChunks chunks on average, at most
-// kCpMaxSegments; 1 (no context parallelism) below kCpMinSegments. Shapes only (no read of cu_seqlens).
+// kCpMaxSegments; 1 (no context parallelism) below kCpMinSegments or where the one-pass scan's CTAs fill more than
+// 1/kCpCtaShare of the SMs. Shapes only (no read of cu_seqlens).
 int cpSegments(GdnPrefillParams const& p, int sms)
 {
     if (p.ioType == DType::kFloat32 || p.N <= 0)
         return 1;
     int64_t const ctas = int64_t(p.N) * p.Hv * (p.V / 64);
+    if (ctas * cfg::kCpCtaShare > sms)
+        return 1;
     int64_t g = std::min<int64_t>(sms / std::max<int64_t>(ctas, 1), int64_t(p.T) / kC / p.N / cfg::kCpMinChunks);
     g = std::min<int64_t>(g, cfg::kCpMaxSegments);
     return g >= std::max(cfg::kCpMinSegments, 2) ? int(g) : 1;
@@ -206,8 +209,9 @@ int cpSegments(GdnPrefillParams const& p, int sms)
 // the segments of every smaller runtime shape (N x floor(a / N) <= a).
 int64_t cpAutoSlots(GdnPrefillParams const& p)
 {
-    if (p.ioType == DType::kFloat32 || p.N <= 0)
-        return 0;
+    int64_t const headCtas = int64_t(p.Hv) * (p.V / 64);  // scan CTAs per sequence
+    if (p.ioType == DType::kFloat32 || p.N <= 0 || headCtas * cfg::kCpCtaShare > cfg::kCpSmBound)
+        return 0;  // (no N gets context parallelism on any device up to kCpSmBound SMs)
     int64_t s = std::min<int64_t>(int64_t(p.N) * cfg::kCpMaxSegments, cfg::kCpSmBound / (int64_t(p.Hv) * (p.V / 64)));
     s = std::min<int64_t>(s, int64_t(p.T) / kC / cfg::kCpMinChunks);
     return s >= std::max(cfg::kCpMinSegments, 2) ? s : 0;

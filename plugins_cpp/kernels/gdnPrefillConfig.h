@@ -68,9 +68,12 @@ constexpr int kBesideSmShare = 2;
 // ---- context-parallel prefill [Context-parallel prefill]
 // Segments per sequence: as many as make N x G x Hv x V/64 scan CTAs fill the SMs once, each segment at least
 // kCpMinChunks chunks long (on average over the batch), at most kCpMaxSegments; the automatic scan is kCp where
-// this gives G >= kCpMinSegments and kCpAuto.
+// this gives G >= kCpMinSegments and kCpAuto
 constexpr int kCpMaxSegments = 16;
 constexpr int kCpMinSegments = 4;
+// ... and only where the one-pass scan's CTAs fill at most 1/kCpCtaShare of the SMs (Hk=4 Hv=16, 32 CTAs at 4
+// segments, was slower: 1x64K 1.183 against 1.029 ms).
+constexpr int kCpCtaShare = 8;
 constexpr int kCpMinChunks = 32;
 constexpr bool kCpAuto = true;
 // The workspace holds the segments of a device of up to kCpSmBound SMs (the segment count grows with the SMs).
