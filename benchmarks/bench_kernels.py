@@ -10,6 +10,10 @@ bf16 matmul TFLOP/s on random data), then:
   Reports us/call, GB/s, fraction of copy bandwidth, speedup vs FLA.
 - prefill (packed varlen): ours (when the prefill kernel is built), FLA chunk_gated_delta_rule with
   cu_seqlens; reports ms, fraction of the bandwidth floor and of matmul throughput, speedup vs FLA.
+  Every case also times ours_prev (the scan the automatic choice picked before the context-parallel scan: the
+  A/B, same run); shard shapes (few heads per GPU after tensor parallelism, K = V = 64 / 256, varlen) also
+  ours_cpG / ours_cpmmaG (the context-parallel scan forced to G segments per sequence, --cp-segments; its output
+  pass on wgmma / on mma.sync).
   ms is GPU time: per call, the union of the device intervals recorded by the torch profiler (kernels
   that overlap count once; host launch latency and GPU idle gaps excluded), median of 7 calls; FLA's
   Python launches ~1.1-1.3 ms of host work per call, more than its GPU time below 1x16K, so timing
@@ -321,14 +325,36 @@ def prefill_bytes(T, N, Hk, Hv, K, V):
     return T * (2 * Hk * K * 2 + 2 * Hv * V * 2 + 2 * Hv * 4) + 2 * N * Hv * K * V * 4
 
 
-def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
+SHARD_CASES = [  # (name, seqlens, (Hk, Hv, K, V))
+    ("shard Hk2Hv8 1x64K", [65536], (2, 8, 128, 128)), ("shard Hk2Hv8 1x8K", [8192], (2, 8, 128, 128)),
+    ("shard Hk4Hv8 1x64K", [65536], (4, 8, 128, 128)), ("shard Hk4Hv8 1x8K", [8192], (4, 8, 128, 128)),
+    ("shard Hk4Hv16 1x64K", [65536], (4, 16, 128, 128)), ("shard Hk4Hv16 1x8K", [8192], (4, 16, 128, 128)),
+    ("shard Hk2Hv8 8x4K", [4096] * 8, (2, 8, 128, 128)),
+    ("shard d64 Hk4Hv8 1x64K", [65536], (4, 8, 64, 64)), ("shard d64 Hk4Hv8 1x8K", [8192], (4, 8, 64, 64)),
+    ("shard d256 Hk2Hv4 1x64K", [65536], (2, 4, 256, 256)), ("shard d256 Hk2Hv4 1x8K", [8192], (2, 4, 256, 256)),
+    ("shard Hk2Hv8 16x1K", [1024] * 16, (2, 8, 128, 128)),
+    ("shard Hk2Hv8 ragged", [1, 63, 64, 65, 1000, 3000, 17, 2048, 129, 4096], (2, 8, 128, 128)),
+]
+
+
+def _prev_scan(kernels, N, Hv, K, V) -> str:
+    """The scan the automatic choice picked before the context-parallel scan (gdnPrefill.cu pickPrefillScan)."""
+    if K > 128 or not kernels.launch.prefill_scan_runs(kernels.LIB, "wgmma", K):
+        return "mma4"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return "wgmma_beside" if 2 * N * Hv * (V // 64) <= sms else "wgmma"
+
+
+def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str = "", cp_segments=(4, 8, 16)):
     cases = [("qwen3next 1x4K", [4096]), ("qwen3next 1x16K", [16384]), ("qwen3next 16x1K", [1024] * 16),
              ("qwen3next ragged", [1, 63, 64, 65, 1000, 3000, 17, 2048, 129, 4096])]
     if not quick:
         cases.insert(2, ("qwen3next 1x64K", [65536]))
     shape = dict(qwen3next=(16, 32, 128, 128))
     extra = [("h16_d64 1x16K", [16384], (16, 16, 64, 64)), ("h16_d256 1x16K", [16384], (16, 16, 256, 256))]
-    todo = [(n, sl, shape["qwen3next"]) for n, sl in cases] + ([] if quick else extra)
+    todo = [(n, sl, shape["qwen3next"]) for n, sl in cases] + ([] if quick else extra) + SHARD_CASES
+    if cases_filter:
+        todo = [c for c in todo if any(f in c[0] for f in cases_filter.split(","))]
     have_ours = kernels is not None and kernels.HAS_PREFILL
     if kernels is not None and not kernels.HAS_PREFILL:
         log(f"[prefill] ours unavailable: {kernels.PREFILL_UNAVAILABLE_REASON}")
@@ -359,6 +385,25 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
                 o_ours, s_ours = o.clone(), fs.clone()
             except Exception as e:  # noqa: BLE001
                 log(f"  [{name}] ours failed: {type(e).__name__}: {e}")
+            variants = {"ours_prev": dict(scan=_prev_scan(kernels, N, Hv, K, V))}
+            if name.startswith("shard"):
+                variants.update({f"ours_cp{G}": dict(scan="cp", segments=G) for G in cp_segments})
+                if K <= 128:  # the output pass on mma.sync instead of wgmma
+                    variants.update({f"ours_cpmma{G}": dict(scan="cp_mma", segments=G) for G in cp_segments})
+            for tag, kw in variants.items():
+                try:
+                    wsv = torch.empty(L.prefill_workspace_bytes(kernels.LIB, p, kw.get("segments")),
+                                      dtype=torch.uint8, device="cuda")
+                    run = lambda wsv=wsv, kw=kw: L.launch_prefill(kernels.LIB, p, wsv, q.device, **kw)  # noqa: E731
+                    run()
+                    torch.cuda.synchronize()
+                    if o_ours is not None:
+                        log(f"  [{name}] {tag} ({kw}) vs ours: o {rel_err(o, o_ours):.2e} state {rel_err(fs, s_ours):.2e}")
+                    res[tag] = gpu_busy_ms(run)
+                    graph[tag] = time_graph_one(run)
+                    del wsv
+                except Exception as e:  # noqa: BLE001
+                    log(f"  [{name}] {tag} failed: {type(e).__name__}: {e}")
         if fla_chunk is not None:
             cu64 = cu.long()
 
@@ -392,7 +437,7 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk):
         log(f"[prefill {name}] T={T} floor bw {bw_floor:.3f}ms tensor {mm_floor:.3f}ms  GPU time " +
             "  ".join(f"{i}={ms:.3f}ms" for i, ms in res.items()) + "  | per call with sync " +
             "  ".join(f"{i}={ms:.3f}ms" for i, ms in sync.items()) +
-            ("  | ours graph replay {:.3f}ms".format(graph["ours"]) if graph.get("ours") else ""))
+            "  | graph replay " + "  ".join(f"{i}={ms:.3f}ms" for i, ms in graph.items() if ms))
         del q, k, v, g, beta, h0
         torch.cuda.empty_cache()
 
@@ -430,6 +475,9 @@ def main(argv=None):
     ap.add_argument("--sections", default="ceilings,decode,prefill")
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list)")
+    ap.add_argument("--cp-segments", default="4,8,16",
+                    help="forced context-parallel segment counts (shard cases; 0: none)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to benchmark")
@@ -451,7 +499,8 @@ def main(argv=None):
         if "decode" in sections:
             bench_decode(ceil, a.quick, kernels, fla_rec)
         if "prefill" in sections:
-            bench_prefill(ceil, a.quick, kernels, fla_chunk)
+            bench_prefill(ceil, a.quick, kernels, fla_chunk, a.cases,
+                          tuple(int(x) for x in a.cp_segments.split(",") if x and int(x) > 0))
     finally:
         write(Path(a.out), meta)
         summary()

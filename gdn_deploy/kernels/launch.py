@@ -93,7 +93,11 @@ def prefill_supports(lib: ctypes.CDLL, p: GdnPrefillParams) -> str:
     return (lib.gdnPrefillSupportsC(ctypes.byref(p)) or b"").decode()
 
 
-def prefill_workspace_bytes(lib: ctypes.CDLL, p: GdnPrefillParams) -> int:
+def prefill_workspace_bytes(lib: ctypes.CDLL, p: GdnPrefillParams, segments: Optional[int] = None) -> int:
+    """Workspace bytes of the automatic launch, or (``segments``) of the context-parallel scan forced to that many
+    segments per sequence (0: its automatic count)."""
+    if segments is not None:
+        return int(lib.gdnPrefillWorkspaceSizeSegmentsC(ctypes.byref(p), int(segments)))
     return int(lib.gdnPrefillWorkspaceSizeC(ctypes.byref(p)))
 
 
@@ -103,15 +107,20 @@ def prefill_scan_runs(lib: ctypes.CDLL, scan: str, K: int) -> bool:
 
 
 def launch_prefill(lib: ctypes.CDLL, p: GdnPrefillParams, workspace: Optional[Tensor], device: torch.device,
-                   scan: str = "auto", tma: bool = True) -> None:
+                   scan: str = "auto", tma: bool = True, segments: Optional[int] = None) -> None:
     """Enqueue the prefill kernel with a caller-allocated workspace (``prefill_workspace_bytes``).
 
     ``scan`` forces a scan variant by name and ``tma=False`` the wgmma scans' cp.async loads (tests and
-    benchmarks, gdnPrefillConfig.h); the defaults are what the product runs."""
+    benchmarks, gdnPrefillConfig.h); ``segments`` forces a context-parallel scan (``scan`` "cp" or "cp_mma"; "auto":
+    "cp") with that many segments per sequence (0: its automatic count; workspace:
+    ``prefill_workspace_bytes(.., segments)``). The defaults are what the product runs."""
     p.workspace = _ptr(workspace)
     p.workspaceBytes = 0 if workspace is None else workspace.numel() * workspace.element_size()
     stream = ctypes.c_void_p(_stream(device))
-    if scan == "auto" and tma:
+    if segments is not None:
+        rc = lib.gdnPrefillLaunchSegmentsC(ctypes.byref(p), stream, prefill_scan_code(lib, "cp" if scan == "auto" else scan),
+                                           int(segments))
+    elif scan == "auto" and tma:
         rc = lib.gdnPrefillLaunchC(ctypes.byref(p), stream)
     else:
         rc = lib.gdnPrefillLaunchTunedC(ctypes.byref(p), stream, prefill_scan_code(lib, scan), int(bool(tma)))

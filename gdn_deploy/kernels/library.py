@@ -87,12 +87,15 @@ CORE_SIGNATURES = {
     "gdnCudaErrorStringC": (ctypes.c_char_p, [ctypes.c_int]),
     "gdnParamsLayoutC": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]),
 }
-# Forced configurations for tests and benchmarks (gdnKernelsCApi.cpp): decode V-tile, prefill scan by code.
+# Forced configurations for tests and benchmarks (gdnKernelsCApi.cpp): decode V-tile, prefill scan by code,
+# context-parallel segments.
 TUNING_SIGNATURES = {
     "gdnDecodeLaunchTiledC": (ctypes.c_int, [_PD, ctypes.c_void_p, ctypes.c_int]),
     "gdnPrefillLaunchTunedC": (ctypes.c_int, [_PP, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]),
     "gdnPrefillScanNameC": (ctypes.c_char_p, [ctypes.c_int]),
     "gdnPrefillScanRunsC": (ctypes.c_int, [ctypes.c_int, ctypes.c_int]),
+    "gdnPrefillLaunchSegmentsC": (ctypes.c_int, [_PP, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]),
+    "gdnPrefillWorkspaceSizeSegmentsC": (ctypes.c_size_t, [_PP, ctypes.c_int]),
 }
 
 

@@ -80,6 +80,27 @@ extern "C"
         return static_cast<int>(gdn::launchGdnPrefillSupported(*p, static_cast<cudaStream_t>(stream), config));
     }
 
+    // Context-parallel scan code `scan` ("cp", "cp_mma") with `segments` segments per sequence (0: automatic;
+    // at least 2).
+    int gdnPrefillLaunchSegmentsC(gdn::GdnPrefillParams const* p, void* stream, int scan, int segments)
+    {
+        if (p == nullptr || gdn::gdnPrefillSupports(*p)[0] != '\0')
+            return kUnsupported;
+        if (segments < 0
+            || (scan != int(gdn::PrefillScan::kCp) && scan != int(gdn::PrefillScan::kCpMma)))
+            return static_cast<int>(cudaErrorInvalidValue);
+        gdn::PrefillConfig const config{static_cast<gdn::PrefillScan>(scan), true, segments};
+        return static_cast<int>(gdn::launchGdnPrefillSupported(*p, static_cast<cudaStream_t>(stream), config));
+    }
+
+    // Workspace bytes of gdnPrefillLaunchSegmentsC with `segments`.
+    size_t gdnPrefillWorkspaceSizeSegmentsC(gdn::GdnPrefillParams const* p, int segments)
+    {
+        if (p == nullptr || segments < 0)
+            return 0;
+        return gdn::gdnPrefillWorkspaceSizeConfigured(*p, gdn::PrefillConfig{gdn::PrefillScan::kCp, true, segments});
+    }
+
     // 1 when scan code `scan` runs for head dim K on the current device with this library.
     int gdnPrefillScanRunsC(int scan, int K)
     {
@@ -107,6 +128,16 @@ extern "C"
     }
 
     int gdnPrefillScanRunsC(int, int)
+    {
+        return 0;
+    }
+
+    int gdnPrefillLaunchSegmentsC(gdn::GdnPrefillParams const*, void*, int, int)
+    {
+        return kNotBuilt;
+    }
+
+    size_t gdnPrefillWorkspaceSizeSegmentsC(gdn::GdnPrefillParams const*, int)
     {
         return 0;
     }

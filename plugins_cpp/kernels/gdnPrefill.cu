@@ -12,6 +12,7 @@
 #include "gdnCommon.cuh"
 #include "gdnKernels.h"
 #include "gdnPrefillChunked.cuh"
+#include "gdnPrefillCp.cuh"
 #include "gdnPrefillConfig.h"
 #include "gdnPrefillPrep.cuh"
 #include "gdnPrefillScanWgmma.cuh"
@@ -181,12 +182,54 @@ size_t wsSlots(GdnPrefillParams const& p)
     return size_t(prefill_chunked::chunkIds(p)) * size_t(p.Hv);
 }
 
+// The context-parallel scans (gdnPrefillCp.cuh)
+bool isCpScan(PrefillScan s)
+{
+    return s == PrefillScan::kCp || s == PrefillScan::kCpMma;
+}
+
+// Segments per sequence of the context-parallel scan on a device of `sms` SMs [Context-parallel prefill]: enough
+// that N x G x Hv x V/64 scan CTAs fill the SMs once, segments of at least kCpMinChunks chunks on average, at most
+// kCpMaxSegments; 1 (no context parallelism) below kCpMinSegments or where the one-pass scan's CTAs fill more than
+// 1/kCpCtaShare of the SMs. Shapes only (no read of cu_seqlens).
+int cpSegments(GdnPrefillParams const& p, int sms)
+{
+    if (p.ioType == DType::kFloat32 || p.N <= 0)
+        return 1;
+    int64_t const ctas = int64_t(p.N) * p.Hv * (p.V / 64);
+    if (ctas * cfg::kCpCtaShare > sms)
+        return 1;
+    int64_t g = std::min<int64_t>(sms / std::max<int64_t>(ctas, 1), int64_t(p.T) / kC / p.N / cfg::kCpMinChunks);
+    g = std::min<int64_t>(g, cfg::kCpMaxSegments);
+    return g >= std::max(cfg::kCpMinSegments, 2) ? int(g) : 1;
+}
+
+// Segment slots (N x G) the workspace holds for the automatic choice on any device of up to kCpSmBound SMs: a bound
+// of N x cpSegments non-decreasing in T and N, so that the workspace of a TensorRT profile's largest shapes holds
+// the segments of every smaller runtime shape (N x floor(a / N) <= a).
+int64_t cpAutoSlots(GdnPrefillParams const& p)
+{
+    int64_t const headCtas = int64_t(p.Hv) * (p.V / 64);  // scan CTAs per sequence
+    if (p.ioType == DType::kFloat32 || p.N <= 0 || headCtas * cfg::kCpCtaShare > cfg::kCpSmBound)
+        return 0;  // (no N gets context parallelism on any device up to kCpSmBound SMs)
+    int64_t s = std::min<int64_t>(int64_t(p.N) * cfg::kCpMaxSegments, cfg::kCpSmBound / (int64_t(p.Hv) * (p.V / 64)));
+    s = std::min<int64_t>(s, int64_t(p.T) / kC / cfg::kCpMinChunks);
+    return s >= std::max(cfg::kCpMinSegments, 2) ? s : 0;
+}
+
+// Segments of a kCp launch with `config` on this device (at least 2)
+int cpLaunchSegments(GdnPrefillParams const& p, PrefillConfig const& config)
+{
+    return std::max(2, config.segments > 0 ? int(config.segments) : cpSegments(p, smCount()));
+}
+
 struct WsLayout
 {
-    size_t aqk = 0, tm = 0, gq = 0, ctl = 0, total = 0;
+    size_t aqk = 0, tm = 0, gq = 0, ctl = 0, cp = 0, total = 0;
 };
 
-WsLayout wsLayout(GdnPrefillParams const& p)
+// cpSlots: the segment slots (N x G) the context-parallel scan may use (0: none)
+WsLayout wsLayout(GdnPrefillParams const& p, int64_t cpSlots)
 {
     WsLayout w;
     if (p.ioType == DType::kFloat32)
@@ -197,8 +240,16 @@ WsLayout wsLayout(GdnPrefillParams const& p)
     w.tm = mat;
     w.gq = 2 * mat;
     w.ctl = 2 * mat + alignUp(slots * 4 * kC * sizeof(float));  // control block + ready counters
-    w.total = w.ctl + alignUp(size_t(prefill_chunked::ctlInts(p)) * sizeof(int));
+    w.cp = w.ctl + alignUp(size_t(prefill_chunked::ctlInts(p)) * sizeof(int));
+    w.total = w.cp + alignUp(prefill_cp::cpWorkspaceBytes(p, cpSlots));
     return w;
+}
+
+// The workspace's segment slots: the automatic choice's bound, or a forced count's
+int64_t wsSlots(GdnPrefillParams const& p, PrefillConfig const& config)
+{
+    int64_t const s = cpAutoSlots(p);
+    return isCpScan(config.scan) ? std::max<int64_t>(s, int64_t(p.N) * cpLaunchSegments(p, config)) : s;
 }
 
 bool isWgmmaScan(PrefillScan s)
@@ -286,7 +337,8 @@ int64_t wgScanCtas(GdnPrefillParams const& p)
 
 // scan: a concrete scan (not kAuto) that runs here for this K (prefillScanRuns)
 template <typename T, int K>
-cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, PrefillScan scan, bool tma, cudaStream_t stream)
+cudaError_t launchChunked(
+    GdnPrefillParams const& p, ChunkWs ws, PrefillScan scan, bool tma, prefill_cp::CpWs const& cw, cudaStream_t stream)
 {
     int64_t const items = prefill_chunked::chunkIds(p) * p.Hk;
     if (items > 0x7fffffffLL)
@@ -324,6 +376,19 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, PrefillScan sca
         kern<<<unsigned(grid), 128, smem, stream>>>(p, ws, int(items));  // chunk-major (chunk, key head) items
         GDN_CUDA_TRY(cudaGetLastError());
     }
+    if (isCpScan(scan))
+    {
+        // pass 2 on the wgmma scan where it runs (kCp), else on the mma.sync one
+        bool const wg = K <= 128 && scan == PrefillScan::kCp && wgmmaUsable();
+        cudaError_t const e = prefill_cp::launchCp<T, K>(p, ws, cw, !wg, stream);
+        if (e != cudaSuccess)
+            return e;
+        if (!wg)
+            return cudaSuccess;
+        ws.segments = cw.segments;
+        ws.segInit = cw.st;
+        scan = PrefillScan::kWgmma;
+    }
     // one math warp per 16 value columns (the wgmma scan adds a producer warp); beside: launched as the
     // programmatic dependent of the prep kernel (as soon as every prep CTA has started; it waits on the
     // ready counters, not on the grid)
@@ -338,7 +403,7 @@ cudaError_t launchChunked(GdnPrefillParams const& p, ChunkWs ws, PrefillScan sca
         attr[1].val.clusterDim.y = 1;
         attr[1].val.clusterDim.z = unsigned(ws.scanCluster);
         cudaLaunchConfig_t lc = {};
-        lc.gridDim = dim3(p.N, p.Hv, p.V / vt);
+        lc.gridDim = dim3(unsigned(p.N * ws.segments), p.Hv, p.V / vt);
         lc.blockDim = dim3(threads);
         lc.dynamicSmemBytes = size_t(smem);
         lc.stream = stream;
@@ -379,15 +444,16 @@ cudaError_t launchRecurrent(GdnPrefillParams const& p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, PrefillScan scan, bool tma, cudaStream_t stream)
+cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, PrefillScan scan, bool tma,
+    prefill_cp::CpWs const& cw, cudaStream_t stream)
 {
 #define GDN_PREFILL_K(KK)                                                                                              \
     if (p.K == KK)                                                                                                     \
     {                                                                                                                  \
         if (p.ioType == DType::kBFloat16)                                                                              \
-            return launchChunked<__nv_bfloat16, KK>(p, ws, scan, tma, stream);                                         \
+            return launchChunked<__nv_bfloat16, KK>(p, ws, scan, tma, cw, stream);                                     \
         if (p.ioType == DType::kFloat16)                                                                               \
-            return launchChunked<__half, KK>(p, ws, scan, tma, stream);                                                \
+            return launchChunked<__half, KK>(p, ws, scan, tma, cw, stream);                                            \
         return launchRecurrent<KK>(p, stream);                                                                         \
     }
     GDN_PREFILL_K(64)
@@ -402,6 +468,8 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, PrefillScan 
 // (one short wave: a few long sequences; the prep keeps the other SMs), after it for batches of many sequences.
 PrefillScan pickPrefillScan(GdnPrefillParams const& p)
 {
+    if (cfg::kCpAuto && cpSegments(p, smCount()) >= 2)
+        return PrefillScan::kCp;
     if (p.K > 128 || !wgmmaUsable())
         return PrefillScan::kMma4;
     return cfg::kBesideSmShare * wgScanCtas(p) <= smCount() ? PrefillScan::kWgmmaBeside : PrefillScan::kWgmma;
@@ -442,7 +510,12 @@ char const* gdnPrefillSupports(GdnPrefillParams const& p)
 
 size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p)
 {
-    return wsLayout(p).total;
+    return wsLayout(p, wsSlots(p, PrefillConfig{})).total;
+}
+
+size_t gdnPrefillWorkspaceSizeConfigured(GdnPrefillParams const& p, PrefillConfig config)
+{
+    return wsLayout(p, wsSlots(p, config)).total;
 }
 
 cudaError_t launchGdnPrefillSupported(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig config)
@@ -451,14 +524,18 @@ cudaError_t launchGdnPrefillSupported(GdnPrefillParams const& p, cudaStream_t st
         return cudaErrorNotSupported;
     if (p.N == 0)
         return cudaSuccess;
-    WsLayout const w = wsLayout(p);
+    PrefillScan const scan = config.scan == PrefillScan::kAuto ? pickPrefillScan(p) : config.scan;
+    int const segs = isCpScan(scan) ? cpLaunchSegments(p, config) : 1;
+    WsLayout const w = wsLayout(p, segs > 1 ? int64_t(p.N) * segs : 0);
     if (w.total > 0 && (p.workspace == nullptr || p.workspaceBytes < w.total))
         return cudaErrorInvalidValue;
     char* base = static_cast<char*>(p.workspace);
     ChunkWs const ws{base + w.aqk, base + w.tm, reinterpret_cast<float*>(base + w.gq),
         reinterpret_cast<int*>(base + w.ctl), 0, 1, 0};
-    PrefillScan const scan = config.scan == PrefillScan::kAuto ? pickPrefillScan(p) : config.scan;
-    return dispatchK(p, ws, scan, config.tma, stream);
+    float* const cpBase = reinterpret_cast<float*>(base + w.cp);
+    size_t const hmFloats = size_t(p.N) * p.Hv * p.K * size_t(std::max(segs - 1, 0)) * (p.V + p.K);
+    prefill_cp::CpWs const cw{cpBase, cpBase + hmFloats, segs};
+    return dispatchK(p, ws, scan, config.tma, cw, stream);
 }
 
 cudaError_t launchGdnPrefillConfigured(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig config)

@@ -83,6 +83,20 @@ __device__ __forceinline__ bool seqOwnsItsChunks(int32_t const* cu, int N, int n
     return nch == 0 || (seqOfChunk(cu, N, id0) == n && seqOfChunk(cu, N, id0 + nch - 1) == n);
 }
 
+// Tokens [begin, begin + len) of segment s of sequence n and the chunk id of its first chunk: the sequence's chunks
+// split into G runs of ceil(chunks / G) (trailing segments may be empty; G = 1: the whole sequence).
+struct SegRange
+{
+    int begin, len, id0;
+};
+__device__ __forceinline__ SegRange segRange(GdnPrefillParams const& p, int n, int s, int G)
+{
+    SeqRange const seq = seqRange(p.cuSeqlens, n, p.T);
+    int const L = seq.end - seq.begin, nch = (L + kC - 1) / kC, cps = (nch + G - 1) / G;
+    int const c0 = min(s * cps, nch), c1 = min(c0 + cps, nch);
+    return {seq.begin + c0 * kC, max(0, min(L - c0 * kC, (c1 - c0) * kC)), seq.begin / kC + n + c0};
+}
+
 // Workspace pointers (see the layout above); set up by the host from p.workspace.
 struct ChunkWs
 {
@@ -101,6 +115,11 @@ struct ChunkWs
     // of its key head has started loading chunk c - throttle's block, so that the scan reads q, k and the
     // workspace slot while they are still in L2 (0: no wait).
     int throttle;
+    // Context-parallel pass 2 (gdnPrefillCp.cuh) on the wgmma scan: grid x = N x segments, CTA x runs segment
+    // x % segments of sequence x / segments from segInit[N][segments][Hv][K][V]; only the last segment writes the
+    // final state. 1 (and nullptr): one CTA per sequence from the initial state.
+    int segments = 1;
+    float const* segInit = nullptr;
 };
 
 // The control block of ws.ctl: the next work item, the SMs claimed, then one role slot per SM (by %smid).

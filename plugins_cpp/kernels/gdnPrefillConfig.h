@@ -21,8 +21,11 @@ enum class PrefillScan : int32_t
     kWgmmaBeside = 2,  // the same scan beside a persistent prep kernel (programmatic dependent launch)
     kMma2 = 3,         // warp-level mma.sync scan, 2 warps per CTA (V-tile 32)
     kMma4 = 4,         // warp-level mma.sync scan, 4 warps per CTA (V-tile 64)
+    kCp = 5,           // context parallel: sequences cut into segments scanned at once (gdnPrefillCp.cuh); its
+                       // output pass on the wgmma scan where that runs, else on mma.sync
+    kCpMma = 6,        // the same with the output pass on mma.sync everywhere
 };
-constexpr int32_t kPrefillScanCount = 5;
+constexpr int32_t kPrefillScanCount = 7;
 
 struct PrefillConfig
 {
@@ -30,12 +33,14 @@ struct PrefillConfig
     // wgmma scans: tiles loaded and o stored by bulk tensor copies (TMA) where the tensor maps encode; false forces
     // the cp.async loads and 16-byte o stores that the last, partial chunk of a sequence always uses.
     bool tma = true;
+    // kCp, kCpMma: segments per sequence (0: the automatic count; at least 2)
+    int32_t segments = 0;
 };
 
-// The scan's name ("auto", "wgmma", "wgmma_beside", "mma2", "mma4"); nullptr for a code out of range.
+// The scan's name ("auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma"); nullptr for a code out of range.
 inline char const* prefillScanName(int32_t code)
 {
-    constexpr char const* kNames[kPrefillScanCount] = {"auto", "wgmma", "wgmma_beside", "mma2", "mma4"};
+    constexpr char const* kNames[kPrefillScanCount] = {"auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma"};
     return code >= 0 && code < kPrefillScanCount ? kNames[code] : nullptr;
 }
 // Whether `scan` can run for head dim K on the current device with this build (kAuto: always).
@@ -45,6 +50,8 @@ bool prefillScanRuns(PrefillScan scan, int32_t K);
 cudaError_t launchGdnPrefillConfigured(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig cfg);
 // The same for params gdnPrefillSupports has just accepted (the C API checks them once per launch).
 cudaError_t launchGdnPrefillSupported(GdnPrefillParams const& p, cudaStream_t stream, PrefillConfig cfg);
+// Workspace bytes of a launch with `cfg` (gdnPrefillWorkspaceSize: the automatic configuration).
+size_t gdnPrefillWorkspaceSizeConfigured(GdnPrefillParams const& p, PrefillConfig cfg);
 
 namespace prefill_config
 {
@@ -57,6 +64,20 @@ static_assert(kChunk == 64, "the chunked kernels are written for 64-token chunks
 // The wgmma scan runs beside the prep when its CTAs fill at most 1/kBesideSmShare of the SMs (a few long
 // sequences: the prep keeps the other SMs); batches of many sequences have CTAs enough to run after the prep.
 constexpr int kBesideSmShare = 2;
+
+// ---- context-parallel prefill [Context-parallel prefill]
+// Segments per sequence: as many as make N x G x Hv x V/64 scan CTAs fill the SMs once, each segment at least
+// kCpMinChunks chunks long (on average over the batch), at most kCpMaxSegments; the automatic scan is kCp where
+// this gives G >= kCpMinSegments and kCpAuto
+constexpr int kCpMaxSegments = 16;
+constexpr int kCpMinSegments = 4;
+// ... and only where the one-pass scan's CTAs fill at most 1/kCpCtaShare of the SMs (Hk=4 Hv=16, 32 CTAs at 4
+// segments, was slower: 1x64K 1.183 against 1.029 ms).
+constexpr int kCpCtaShare = 8;
+constexpr int kCpMinChunks = 32;
+constexpr bool kCpAuto = true;
+// The workspace holds the segments of a device of up to kCpSmBound SMs (the segment count grows with the SMs).
+constexpr int kCpSmBound = 256;
 
 // ---- fp32 I/O: token-by-token kernel [fp32 prefill]
 constexpr int kRecTokens = 16;  // tokens staged in shared memory per step (one barrier pair per 16 tokens)

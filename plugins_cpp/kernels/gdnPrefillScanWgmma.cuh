@@ -212,7 +212,8 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
     uint32_t phases = 0;
     // beside the prep: the prep items of this sequence's chunks come only if the prep attributes every chunk id to
     // it; garbage cu_seqlens can make sequences overlap, and then the scan does not wait (its data is garbage)
-    bool const owned = lane == 0 && ready != nullptr && seqOwnsItsChunks(p.cuSeqlens, p.N, blockIdx.x, id0, nch);
+    bool const owned
+        = lane == 0 && ready != nullptr && seqOwnsItsChunks(p.cuSeqlens, p.N, blockIdx.x / ws.segments, id0, nch);
     uint64_t const vPolicy = policyEvictFirst();  // v is read once
     for (int c = 0; c < nch; ++c)
     {
@@ -292,12 +293,13 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     extern __shared__ __align__(1024) unsigned char smemRaw[];
     // the swizzle atoms need 1 KB alignment: the launch adds 1 KB of slack
     auto& sm = *reinterpret_cast<SM*>(smemRaw + ((1024u - (smemAddr(smemRaw) & 1023u)) & 1023u));
-    int const n = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int const G = ws.segments, n = blockIdx.x / G, sg = blockIdx.x % G;  // (G > 1: context-parallel pass 2)
+    int const h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
     int const vbase = blockIdx.z * SM::VT;
-    SeqRange const seq = seqRange(p.cuSeqlens, n, p.T);
-    int const bos = seq.begin, L = seq.end - seq.begin;
-    int const nch = (L + kC - 1) / kC, id0 = bos / kC + n;
+    SegRange const seg = segRange(p, n, sg, G);
+    int const bos = seg.begin, L = seg.len;
+    int const nch = (L + kC - 1) / kC, id0 = seg.id0;
     uint32_t const st0 = smemAddr(&sm.st[0]);
     uint32_t const full0 = smemAddr(&sm.full[0]), empty0 = smemAddr(&sm.empty[0]);
     if (threadIdx.x == 0)
@@ -329,7 +331,10 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     int const vw = vbase + 16 * warp;
     float s[NKT][4];
     int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
-    loadStateT(s, p.initialState, sbase, V, vw, lane);
+    if (G > 1)
+        loadStateT(s, ws.segInit, ((int64_t)(n * G + sg) * Hv + h) * K * V, V, vw, lane);
+    else
+        loadStateT(s, p.initialState, sbase, V, vw, lane);
     uint32_t const vLane = smemAddr(&sm.st[0].v[0]) + x4LaneOffset(warp, lane);
     // o of the previous chunk, packed: written to the staging tile in the shadow of this chunk's state update
     // (stmatrix.trans into the swizzled [64 tokens][64 values] layout of the tensor map's box, each warp its 16
@@ -439,7 +444,8 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     }
     if (nch > 0)
         storeO(nch - 1);
-    storeStateT(s, p.finalState, sbase, V, vw, lane);
+    if (sg == G - 1)
+        storeStateT(s, p.finalState, sbase, V, vw, lane);
     // launched as the programmatic dependent of the prep kernel: end only after it has (so the work
     // after this kernel in the stream also follows the prep kernel)
     asm volatile("griddepcontrol.wait;" ::: "memory");

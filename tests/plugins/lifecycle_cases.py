@@ -125,7 +125,7 @@ def decode_case(gen, name: str, B: int, *, Hk: int, Hv: int, K: int, V: int, io:
 
 def default_cases(gen) -> list[Case]:
     """Prefill: ragged with empty sequences and lengths around the 64-token chunk, GVA, raw gates, fp32 / bf16 /
-    fp16 I/O with matching or float32 gates. Decode: dense, and a pool with slot -1 updated in place (aliased
+    fp16 I/O with matching or float32 gates, a long sequence on few heads (context parallel). Decode: dense, and a pool with slot -1 updated in place (aliased
     output) or copied (no aliasing)."""
     return [
         prefill_case(gen, "prefill_fp32_ragged_gva", [70, 0, 33, 1, 0, 64], Hk=2, Hv=4, K=64, V=64,
@@ -134,6 +134,10 @@ def default_cases(gen) -> list[Case]:
                      io="bfloat16", gate="bfloat16", gate_mode=1, use_qk_l2norm=1, scale=0.3),
         prefill_case(gen, "prefill_fp16_fp32_gates", [5, 130], Hk=2, Hv=2, K=64, V=128,
                      io="float16", gate="float32"),
+        # one long sequence on few heads: the automatic choice is the context-parallel scan (4 segments of 32
+        # chunks on a 132-SM H100), its workspace sized from the profile's largest shapes
+        prefill_case(gen, "prefill_bf16_context_parallel", [8200], Hk=1, Hv=2, K=128, V=128,
+                     io="bfloat16", gate="float32", use_qk_l2norm=1),
         decode_case(gen, "decode_dense_fp32", 5, Hk=2, Hv=4, K=128, V=128, io="float32", gate="float32",
                     use_qk_l2norm=1),
         decode_case(gen, "decode_pool_bf16_aliased", 4, Hk=2, Hv=4, K=64, V=64, io="bfloat16", gate="bfloat16",

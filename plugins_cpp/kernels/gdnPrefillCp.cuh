@@ -1,0 +1,307 @@
+// Context-parallel chunked prefill (16-bit I/O), private to gdnPrefill.cu: when the scan's grid (sequences x value
+// heads x V tiles) cannot fill the GPU, each sequence is cut at chunk boundaries into G segments (the last one holds
+// the partial chunk) that run at once. Exact, from the linearity of the chunk recurrence in the state:
+//   the end state of segment s started from S is  M_s S + H_s,
+// H_s: the end state from a zero state (segment 0: from the sequence's initial state), M_s (K x K): the end state of
+// the same recurrence started from the identity with v = 0 (the transition).
+//   pass 1 (gdnPrefillCpKernel<.., false>): H_s and M_s of segments 0 .. G-2, all at once, no outputs;
+//   fix-up (gdnPrefillCpFixKernel): S_0 = initial state, S_{s+1} = M_s S_s + H_s (fp32, sequential over segments);
+//   pass 2 (gdnPrefillCpKernel<.., true>): every segment from its true initial state S_s, writing o; the last
+//   segment writes the final state.
+// Pass 1 and the fix-up run here; pass 2 runs the wgmma scan (gdnPrefillScanWgmma.cuh, ChunkWs::segments) where it
+// can run, else gdnPrefillCpKernel<.., true>. Both kernels here are the warp-level mma.sync scan of
+// gdnPrefillChunked.cuh (4 warps, V-tile 64) over the chunk range of one segment, reading the prep kernel's workspace slots (the segments' chunk ids are the sequence's). Nothing reads
+// cu_seqlens on the host; segment ranges come from the clamped sequence ranges (seqRange), so every token row and
+// chunk id stays in bounds whatever cu_seqlens holds.
+#pragma once
+
+#include "gdnPrefillChunked.cuh"
+
+namespace gdn
+{
+namespace prefill_cp
+{
+
+using namespace prefill_chunked;
+
+// Workspace of the context-parallel passes (after the chunked prep's slots; fp32)
+struct CpWs
+{
+    float* hm;     // [N][G-1][Hv][K][V+K]: H_s in columns [0, V), M_s in columns [V, V+K)
+    float* st;     // [N][G][Hv][K][V]: the true initial state S_s of each segment
+    int segments;  // G >= 2
+};
+
+// Shared memory of a pass: double-buffered k, v, Tm', factors; pass 2 also q, Aqk and the o staging tiles (pass 1
+// keeps one-row placeholders, so that it needs about half the shared memory).
+template <typename T, int K, bool kOut>
+struct CpSmem
+{
+    static constexpr int KS = K + 8, VS = 64 + 8, CS = kC + 8, OS = 16 + 8, OR = kOut ? kC : 1;
+    struct Stage
+    {
+        T k[kC][KS];
+        T v[kC][VS];
+        T tm[kC][CS];
+        float gq[kC][4];
+        T q[OR][KS];
+        T aqk[OR][CS];
+    };
+    Stage st[2];
+    T out[4][OR][OS];
+};
+
+template <typename T, int K, bool kOut>
+__device__ __forceinline__ void cpIssueStage(uint32_t stAddr, GdnPrefillParams const& p, ChunkWs const& ws,
+    int64_t slot, int t0, int len, int h, int hk, int vbase, bool loadV)
+{
+    using SM = CpSmem<T, K, kOut>;
+    using St = typename SM::Stage;
+    int64_t const qkRow = (int64_t)p.Hk * K;
+    int64_t const qk0 = ((int64_t)t0 * p.Hk + hk) * K;
+    issueTile<K / 8, 128>(stAddr + offsetof(St, k), SM::KS, static_cast<uint16_t const*>(p.k) + qk0, qkRow, len);
+    issueTile<kC / 8, 128>(stAddr + offsetof(St, tm), SM::CS, static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC),
+        kC, kC);
+    if (loadV)
+        issueTile<8, 128>(stAddr + offsetof(St, v), SM::VS,
+            static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * p.Hv + h) * p.V + vbase, (int64_t)p.Hv * p.V, len);
+    if constexpr (kOut)
+    {
+        issueTile<K / 8, 128>(stAddr + offsetof(St, q), SM::KS, static_cast<uint16_t const*>(p.q) + qk0, qkRow, len);
+        issueTile<kC / 8, 128>(stAddr + offsetof(St, aqk), SM::CS,
+            static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC);
+    }
+    issueFactors<128>(stAddr + offsetof(St, gq), ws, slot, threadIdx.x);
+}
+
+// X = -e^G rk P (v = 0: the transition's columns)
+__device__ __forceinline__ void applyXZero(float (&pa)[8][4], float const (&gq)[kC][4], int lane)
+{
+    int const qd = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+        {
+            float const f = -gq[8 * j + 2 * qd + e][0];
+            pa[j][e] *= f;
+            pa[j][2 + e] *= f;
+        }
+}
+
+// grid: pass 1 (N * (G-1), Hv, (V + K) / 64): z < V/64 the H_s columns, else the M_s columns (segment 0: none);
+//       pass 2 (N * G, Hv, V / 64). 4 warps of 16 state columns each.
+template <typename T, int K, bool kOut>
+__global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams const p, ChunkWs const ws, CpWs const cw)
+{
+    using SM = CpSmem<T, K, kOut>;
+    using St = typename SM::Stage;
+    constexpr int KS = SM::KS, CS = SM::CS, NKT = K / 8;
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+    auto& sm = *reinterpret_cast<SM*>(smemRaw);
+    int const G = cw.segments, segs = kOut ? G : G - 1;
+    int const n = blockIdx.x / segs, sg = blockIdx.x % segs, h = blockIdx.y;
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, qd = lane & 3;
+    int const Hv = p.Hv, V = p.V, hk = h / (Hv / p.Hk);
+    int const col0 = blockIdx.z * 64;  // first state column of the CTA (pass 1: of [H | M])
+    bool const isM = !kOut && col0 >= V;
+    if (isM && sg == 0)
+        return;  // the sequence's initial state is known: segment 0 needs no transition
+    int const vw = col0 + 16 * warp;
+    SegRange const seg = segRange(p, n, sg, G);
+    int const nch = (seg.len + kC - 1) / kC;
+
+    float s[NKT][4];
+    if (kOut)
+        loadStateT(s, cw.st, ((int64_t)(n * G + sg) * Hv + h) * K * V, V, vw, lane);
+    else if (!isM)
+        loadStateT(s, sg == 0 ? p.initialState : nullptr, ((int64_t)n * Hv + h) * K * V, V, vw, lane);
+    else
+    {
+#pragma unroll
+        for (int t = 0; t < NKT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s[t][e] = (8 * t + 2 * qd + (e & 1)) == (vw - V + gr + 8 * (e >> 1)) ? 1.f : 0.f;
+    }
+    uint32_t const st0 = smemAddr(&sm.st[0]);
+    uint32_t const laneQK = ldsmLaneNK(KS, lane), laneC = ldsmLaneNK(CS, lane), laneKT = ldsmLaneKN(KS, lane);
+    int const mrow = 8 * (lane >> 4) + (lane & 7), mcol = 8 * ((lane >> 3) & 1);
+    uint32_t const aOut = smemAddr(&sm.out[warp][0][0]) + 2u * (mrow * SM::OS + mcol);
+    if (nch > 0)
+        cpIssueStage<T, K, kOut>(st0, p, ws, (int64_t)seg.id0 * Hv + h, seg.begin, min(kC, seg.len), h, hk, col0, !isM);
+    cpAsyncCommit();
+
+    for (int c = 0; c < nch; ++c)
+    {
+        cpAsyncWaitAll();
+        __syncthreads();
+        if (c + 1 < nch)
+            cpIssueStage<T, K, kOut>(st0 + ((c + 1) & 1) * uint32_t(sizeof(St)), p, ws,
+                (int64_t)(seg.id0 + c + 1) * Hv + h, seg.begin + (c + 1) * kC, min(kC, seg.len - (c + 1) * kC), h, hk,
+                col0, !isM);
+        cpAsyncCommit();
+        auto const& st = sm.st[c & 1];
+        int const len = min(kC, seg.len - c * kC);
+        uint32_t const sb = st0 + (c & 1) * uint32_t(sizeof(St));
+        uint32_t const aK = sb + offsetof(St, k) + laneQK, aQ = sb + offsetof(St, q) + laneQK;
+        uint32_t const aTm = sb + offsetof(St, tm) + laneC, aAq = sb + offsetof(St, aqk) + laneC;
+        uint32_t const aKT = sb + offsetof(St, k) + laneKT;
+
+        // P^T = S^T k^T (pass 2: and O1^T = S^T q^T)
+        float pa[8][4], oa[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                pa[j][e] = oa[j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < K / 16; ++kk)
+        {
+            uint32_t a[4];
+            accToA<T>(a, s, kk);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                uint32_t b[4];
+                ldsmX4(b, aK + 2u * (16 * j * KS + 16 * kk));
+                mma16816<T>(pa[2 * j], a, b[0], b[1]);
+                mma16816<T>(pa[2 * j + 1], a, b[2], b[3]);
+                if constexpr (kOut)
+                {
+                    ldsmX4(b, aQ + 2u * (16 * j * KS + 16 * kk));
+                    mma16816<T>(oa[2 * j], a, b[0], b[1]);
+                    mma16816<T>(oa[2 * j + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        if (isM)
+            applyXZero(pa, st.gq, lane);
+        else
+            applyX(pa, st.gq, &st.v[0][16 * warp], SM::VS, lane);
+        float da[8][4];
+        mmaTriProduct<T, CS>(da, pa, aTm, false);
+        if constexpr (kOut)
+        {
+            applyO1(oa, st.gq, lane);
+            mmaTriProduct<T, CS>(oa, da, aAq, true);
+            storeOTile<T, SM::OS>(oa, sm.out[warp], aOut,
+                static_cast<T*>(p.o) + ((int64_t)(seg.begin + c * kC) * Hv + h) * V + vw, (int64_t)Hv * V, len, lane);
+        }
+        applyUpdateScales(da, s, st.gq, lane);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+        {
+            uint32_t a[4];
+            accToA<T>(a, da, kk);
+#pragma unroll
+            for (int m = 0; m < K / 16; ++m)
+            {
+                uint32_t b[4];
+                ldsmX4T(b, aKT + 2u * (16 * kk * KS + 16 * m));
+                mma16816<T>(s[2 * m], a, b[0], b[1]);
+                mma16816<T>(s[2 * m + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    cpAsyncWaitAll();
+    if (kOut)
+    {
+        if (sg == G - 1)
+            storeStateT(s, p.finalState, ((int64_t)n * Hv + h) * K * V, V, vw, lane);
+    }
+    else
+        storeStateT(s, cw.hm, ((int64_t)(n * (G - 1) + sg) * Hv + h) * K * (V + K), V + K, vw, lane);
+}
+
+// Fix-up: per (sequence, value head, 16 state columns), S_0 = initial state (or 0), S_1 = H_0,
+// S_{s+1} = M_s S_s + H_s in fp32, each S_s written to cw.st. 256 threads: column tid % 16, rows tid / 16 + 16 i.
+constexpr int kFixCols = 16, kFixThreads = 256;
+template <int K>
+__global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
+{
+    constexpr int R = K * kFixCols / kFixThreads;  // rows per thread
+    __shared__ float sS[K][kFixCols];
+    int const n = blockIdx.x, h = blockIdx.y, c = threadIdx.x % kFixCols, r0 = threadIdx.x / kFixCols;
+    int const G = cw.segments, Hv = p.Hv, V = p.V, col = blockIdx.z * kFixCols + c;
+    int64_t const hmStride = (int64_t)Hv * K * (V + K);  // one segment's [Hv][K][V+K]
+    float const* hm = cw.hm + ((int64_t)n * (G - 1) * Hv + h) * K * (V + K);
+    auto stOut = [&](int sg, int r) -> float& { return cw.st[(((int64_t)(n * G + sg) * Hv + h) * K + r) * V + col]; };
+    float x[R];
+    int64_t const s0 = ((int64_t)n * Hv + h) * K * V;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+    {
+        int const r = r0 + kFixThreads / kFixCols * i;
+        x[i] = p.initialState ? p.initialState[s0 + (int64_t)r * V + col] : 0.f;
+        stOut(0, r) = x[i];
+        float const hv = hm[(int64_t)r * (V + K) + col];  // H_0 (from the initial state)
+        stOut(1, r) = hv;
+        sS[r][c] = hv;
+    }
+    for (int sg = 1; sg + 1 < G; ++sg)
+    {
+        __syncthreads();
+        float const* hs = hm + sg * hmStride;
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+            x[i] = hs[(int64_t)(r0 + kFixThreads / kFixCols * i) * (V + K) + col];
+        for (int j = 0; j < K; j += 4)
+        {
+            float const s0v = sS[j][c], s1v = sS[j + 1][c], s2v = sS[j + 2][c], s3v = sS[j + 3][c];
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+            {
+                float4 const m = *reinterpret_cast<float4 const*>(
+                    hs + (int64_t)(r0 + kFixThreads / kFixCols * i) * (V + K) + V + j);
+                x[i] = fmaf(m.x, s0v, fmaf(m.y, s1v, fmaf(m.z, s2v, fmaf(m.w, s3v, x[i]))));
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+        {
+            int const r = r0 + kFixThreads / kFixCols * i;
+            sS[r][c] = x[i];
+            stOut(sg + 1, r) = x[i];
+        }
+    }
+}
+
+// Bytes of the context-parallel workspace for `slots` >= N x G segment slots (hm: N x (G-1), st: N x G; 0: none)
+inline size_t cpWorkspaceBytes(GdnPrefillParams const& p, int64_t slots)
+{
+    if (slots <= 0)
+        return 0;
+    return size_t(slots) * size_t(p.Hv) * size_t(p.K) * size_t(2 * p.V + p.K) * sizeof(float);
+}
+
+// Pass 1, the fix-up and (pass2: the mma.sync one) pass 2 on `stream`, after the prep kernel
+template <typename T, int K>
+cudaError_t launchCp(GdnPrefillParams const& p, ChunkWs const& ws, CpWs const& cw, bool pass2, cudaStream_t stream)
+{
+    int const G = cw.segments;
+    if (int64_t(p.N) * G > 0x7fffffffLL)
+        return cudaErrorInvalidConfiguration;
+    {
+        auto kern = gdnPrefillCpKernel<T, K, false>;
+        int const smem = int(sizeof(CpSmem<T, K, false>));
+        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kern<<<dim3(unsigned(p.N * (G - 1)), p.Hv, (p.V + K) / 64), 128, smem, stream>>>(p, ws, cw);
+        GDN_CUDA_TRY(cudaGetLastError());
+    }
+    gdnPrefillCpFixKernel<K><<<dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads, 0, stream>>>(p, cw);
+    GDN_CUDA_TRY(cudaGetLastError());
+    if (pass2)
+    {
+        auto kern = gdnPrefillCpKernel<T, K, true>;
+        int const smem = int(sizeof(CpSmem<T, K, true>));
+        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kern<<<dim3(unsigned(p.N * G), p.Hv, p.V / 64), 128, smem, stream>>>(p, ws, cw);
+        GDN_CUDA_TRY(cudaGetLastError());
+    }
+    return cudaSuccess;
+}
+
+} // namespace prefill_cp
+} // namespace gdn
