@@ -13,6 +13,7 @@ tokenizer.json (read offline with the tokenizers package; the bundled byte-level
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --ids 9707,11 --ids 1 -n 24
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --compare --hf ./Qwen3.5-0.8B
   python samples/decode_loop.py --model qwen35 --backend tensorrt      # TensorRT + the gdn plugin library
+  python samples/decode_loop.py --model qwen35 --speculative mtp --draft-tokens 3   # MTP drafts, torch, CPU
 
 --compare runs the chosen backend and PyTorch and compares the tokens; with --hf HF_FOLDER it compares with
 Hugging Face transformers' generate(do_sample=False) run on each prompt alone and reports the largest prefill
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="compare with PyTorch (or with --hf)")
     p.add_argument("--hf", default=None, metavar="HF_FOLDER", help="with --compare: Hugging Face transformers")
     p.add_argument("--allow-pickle", action="store_true", help="allow a pickled .pt MODEL (UNSAFE)")
+    p.add_argument("--speculative", choices=["mtp", "ngram"], default=None,
+                   help="self-speculative greedy decoding (torch backend, CPU): drafts from the checkpoint's MTP head "
+                        "or prompt lookup, verified K+1 tokens per call; the tokens equal plain greedy decoding")
+    p.add_argument("--draft-tokens", type=int, default=3, metavar="K", help="draft tokens per step (1..15)")
     p.add_argument("-q", "--quiet", action="store_true", help="only the results")
     return p
 
@@ -213,7 +218,15 @@ def main_body(args) -> int:
         f"{[len(p) for p in prompts]} tokens, {args.max_new_tokens} new tokens" + (f", eos {eos}" if eos else ""))
     backend = make_backend(args.backend, folder, device=args.device, plugin_lib=args.plugins,
                            allow_pickle=args.allow_pickle)
-    res = generate(folder, backend, prompts, args.max_new_tokens, eos_token_ids=eos)
+    if args.speculative:
+        from gdn_deploy.runtime.speculative import speculative_from_folder
+        spec = speculative_from_folder(folder, backend, prompts, args.max_new_tokens, eos, args.speculative,
+                                       args.draft_tokens)
+        print(f"speculative ({args.speculative}, K={args.draft_tokens}): acceptance rate {spec.acceptance_rate:.3f}, "
+            f"{spec.tokens_per_call:.2f} tokens per target call, {spec.target_calls} verify calls")
+        res = spec
+    else:
+        res = generate(folder, backend, prompts, args.max_new_tokens, eos_token_ids=eos)
     for i, (p, toks) in enumerate(zip(prompts, res.tokens)):
         stop = " (eos)" if res.finished[i] else ""
         print(f"[{i}] prompt {p if texts[i] is None else repr(texts[i])} -> {toks}{stop}")
@@ -228,8 +241,9 @@ def main_body(args) -> int:
         ref = generate(folder, make_backend("torch", folder, device=args.device, allow_pickle=args.allow_pickle),
                        prompts, args.max_new_tokens, eos_token_ids=eos)
         ref_tokens, ref_logits, what = ref.tokens, ref.prefill_logits, "PyTorch"
-    diff = float((res.prefill_logits - ref_logits.to(res.prefill_logits.dtype)).abs().max())
-    print(f"compare: prefill last-token logits max |diff| vs {what}: {diff:.3e}")
+    if getattr(res, "prefill_logits", None) is not None:
+        diff = float((res.prefill_logits - ref_logits.to(res.prefill_logits.dtype)).abs().max())
+        print(f"compare: prefill last-token logits max |diff| vs {what}: {diff:.3e}")
     first = _first_difference(res.tokens, ref_tokens)
     if first is not None:
         i, j = first
