@@ -26,6 +26,15 @@ from gdn_deploy.runtime.speculative import (MTPDrafter, NgramDrafter, OracleDraf
 MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are tiny: intra-op threads only add contention on a busy machine (20x slower measured)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def write_mtp(folder, model, gen, mlp_type: str) -> None:
     """Random mtp.* tensors in the checkpoint layout (per-expert MoE weights) as an extra safetensors file."""
     head = MTPHead(model.hybrid_config, 1, mlp_type)
