@@ -119,3 +119,19 @@ def test_all_empty_drafts(gen):
                  accepted=torch.tensor([3, -1], dtype=torch.int32))
     (new,) = one_node(COMMIT, {}, feeds, [TensorProto.FLOAT])
     assert torch.equal(new, d["state"])
+
+
+def test_garbage_slots_touch_nothing(gen):
+    """Slots outside [-1, P-1] (the contract forbids them; the body must stay in bounds anyway) act as -1."""
+    d = inputs(gen, [2, 3, 1], Hk=1, Hv=2, gate_mode=0, pool=True)
+    P = d["state"].shape[0]
+    good = int(d["slots"][0])
+    d["slots"] = torch.tensor([good, P + 3, -7], dtype=torch.int32)
+    attrs = dict(use_qk_l2norm=1, state_mode=1)
+    o, ck, cd, cg = one_node(VERIFY, attrs, d, [TensorProto.FLOAT] * 4)
+    assert torch.count_nonzero(o[2:]) == 0 and torch.count_nonzero(cd[2:]) == 0 and torch.count_nonzero(o[:2]) > 0
+    feeds = dict(state=d["state"], commit_k=ck, commit_delta=cd, commit_g=cg, cu_seqlens=d["cu_seqlens"],
+                 accepted=torch.tensor([2, 3, 1], dtype=torch.int32), slots=d["slots"])
+    (new,) = one_node(COMMIT, {"state_mode": 1}, feeds, [TensorProto.FLOAT])
+    others = [r for r in range(P) if r != good]
+    assert torch.equal(new[others], d["state"][others]) and not torch.equal(new[good], d["state"][good])
