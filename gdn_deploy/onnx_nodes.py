@@ -32,17 +32,19 @@ PLUGIN_VERSION_ATTR = "plugin_version"
 TENSORRT_ONNX_SUFFIX = ".trt.onnx"
 
 
-def iter_gdn_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every gdn node of ``graph``, subgraphs (Loop/If/Scan bodies) included."""
+def iter_gdn_nodes(graph: onnx.GraphProto, ops=None) -> Iterator[onnx.NodeProto]:
+    """Every gdn node of ``graph``, subgraphs (Loop/If/Scan bodies) included. ``ops``: the op names to match
+    (default: the plugin ops ``SPEC.ops``; ``SPEC.all_ops`` adds the speculative verify/commit ops)."""
+    ops = SPEC.ops if ops is None else ops
     for node in graph.node:
-        if node.domain == SPEC.domain and node.op_type in SPEC.ops:
+        if node.domain == SPEC.domain and node.op_type in ops:
             yield node
         for a in node.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                yield from iter_gdn_nodes(a.g)
+                yield from iter_gdn_nodes(a.g, ops)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for g in a.graphs:
-                    yield from iter_gdn_nodes(g)
+                    yield from iter_gdn_nodes(g, ops)
 
 
 def gdn_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .spec import DECODE, GATE_RAW, PREFILL, SPEC, STATE_POOL
-from .validate import validate_decode, validate_prefill
+from .spec import COMMIT, DECODE, GATE_RAW, PREFILL, SPEC, STATE_POOL, VERIFY
+from .validate import validate_commit, validate_decode, validate_prefill, validate_verify
 
-__all__ = ["prefill_ref", "decode_ref", "recurrent_scan", "chunked_scan", "prepare_inputs"]
+__all__ = ["prefill_ref", "decode_ref", "verify_ref", "commit_ref", "recurrent_scan", "chunked_scan",
+           "prepare_inputs"]
 
 
 def _compute_dtype(tensors: list[torch.Tensor | None], compute_dtype: torch.dtype | None) -> torch.dtype:
@@ -153,3 +154,82 @@ def decode_ref(q, k, v, g, beta, state, slots=None, A_log=None, dt_bias=None, *,
         o[b] = ob[0]
     out_dtype = q.dtype if cd != torch.float64 else torch.float64
     return o.to(out_dtype), new.to(torch.float64 if cd == torch.float64 else torch.float32)
+
+
+def verify_ref(q, k, v, g, beta, cu_seqlens, state, slots=None, A_log=None, dt_bias=None, *,
+               gate_mode: int | None = None, use_qk_l2norm: int | None = None, scale: float | None = None,
+               l2norm_eps: float | None = None, state_mode: int | None = None,
+               compute_dtype: torch.dtype | None = None, check_values: bool = True):
+    """GatedDeltaVerify. Returns ``(o [T,Hv,V], commit_k [T,Hk,K], commit_delta [T,Hv,V], commit_g [T,Hv])``.
+
+    Sequence n runs its tokens ``cu_seqlens[n]:cu_seqlens[n+1]`` token by token from its state row (row n,
+    or pool row ``slots[n]``), which is not modified. The factors are what :func:`commit_ref` replays:
+    the unscaled (L2-normed) keys, ``delta_t = beta_t (v_t - (exp(g_t) S_{t-1})^T k_t)`` and the log decay.
+    Slot -1: o and the factors are 0. ``o`` is in q's dtype, the factors float32 (both float64 when
+    computing in float64).
+    """
+    attrs = VERIFY.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale,
+                         l2norm_eps=l2norm_eps, state_mode=state_mode)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state=state, slots=slots,
+                A_log=A_log, dt_bias=dt_bias)
+    validate_verify(args, attrs, check_values=check_values, allow_float64=True)
+    cd = _compute_dtype([q, g, state], compute_dtype)
+    qq, kk, vv, gg, bb = prepare_inputs(q, k, v, g, beta, A_log, dt_bias, attrs, cd)
+    k_hat = k.to(cd)
+    if int(attrs["use_qk_l2norm"]):
+        k_hat = _l2norm(k_hat, float(attrs["l2norm_eps"]))
+    o = vv.new_zeros(vv.shape)
+    c_k, c_delta, c_g = k_hat.new_zeros(k_hat.shape), vv.new_zeros(vv.shape), gg.new_zeros(gg.shape)
+    cu = cu_seqlens.tolist()
+    N = len(cu) - 1
+    rows = slots.tolist() if int(attrs["state_mode"]) == STATE_POOL else list(range(N))
+    for n, r in enumerate(rows):
+        s, e = cu[n], cu[n + 1]
+        if r < 0 or e <= s:
+            continue
+        S = state[r].to(cd)
+        for t in range(s, e):
+            S = S * gg[t].exp()[:, None, None]
+            kv = torch.einsum("hk,hkv->hv", kk[t], S)
+            delta = (vv[t] - kv) * bb[t][:, None]
+            S = S + kk[t][:, :, None] * delta[:, None, :]
+            o[t] = torch.einsum("hk,hkv->hv", qq[t], S)
+            c_delta[t], c_g[t] = delta, gg[t]
+        c_k[s:e] = k_hat[s:e]
+    wide = cd == torch.float64
+    fac = torch.float64 if wide else torch.float32
+    return (o.to(torch.float64 if wide else q.dtype), c_k.to(fac), c_delta.to(fac), c_g.to(fac))
+
+
+def commit_ref(state, commit_k, commit_delta, commit_g, cu_seqlens, accepted, slots=None, *,
+               state_mode: int | None = None, check_values: bool = True):
+    """GatedDeltaCommit: a new tensor equal to ``state`` with the first ``accepted[n]`` verified tokens of each
+    sequence replayed into its row (``S <- exp(g_t) S + k_t delta_t^T``, k repeated to the value heads).
+
+    With ``check_values`` a count outside [0, T_n] is refused (ContractError); without, it is clamped to
+    [0, T_n], as the kernels and the ONNX body do. Slot -1 leaves the pool untouched. The input is not
+    modified (:func:`gdn_deploy.ops.commit_` updates in place). Float64 in -> float64 arithmetic and result.
+    """
+    attrs = COMMIT.attrs(state_mode=state_mode)
+    args = dict(state=state, commit_k=commit_k, commit_delta=commit_delta, commit_g=commit_g,
+                cu_seqlens=cu_seqlens, accepted=accepted, slots=slots)
+    validate_commit(args, attrs, check_values=check_values, allow_float64=True)
+    cd = _compute_dtype([state, commit_k, commit_delta, commit_g], None)
+    rep = commit_delta.shape[1] // commit_k.shape[1]
+    kk = commit_k.to(cd).repeat_interleave(rep, dim=1) if rep > 1 else commit_k.to(cd)
+    dd, gg = commit_delta.to(cd), commit_g.to(cd)
+    new = state.to(cd).clone()
+    cu = cu_seqlens.tolist()
+    acc = accepted.tolist()
+    N = len(cu) - 1
+    rows = slots.tolist() if int(attrs["state_mode"]) == STATE_POOL else list(range(N))
+    for n, r in enumerate(rows):
+        s, e = cu[n], cu[n + 1]
+        j = min(max(int(acc[n]), 0), e - s)
+        if r < 0 or j == 0:
+            continue
+        S = new[r]
+        for t in range(s, s + j):
+            S = S * gg[t].exp()[:, None, None] + kk[t][:, :, None] * dd[t][:, None, :]
+        new[r] = S
+    return new.to(torch.float64 if cd == torch.float64 else torch.float32)

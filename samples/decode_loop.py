@@ -13,6 +13,7 @@ tokenizer.json (read offline with the tokenizers package; the bundled byte-level
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --ids 9707,11 --ids 1 -n 24
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --compare --hf ./Qwen3.5-0.8B
   python samples/decode_loop.py --model qwen35 --backend tensorrt      # TensorRT + the gdn plugin library
+  python samples/decode_loop.py --model qwen35 --speculative mtp --draft-tokens 3   # MTP drafts, torch, CPU
 
 Greedy by default; --temperature T (> 0) samples, with --top-k, --top-p, --min-p, --repetition-penalty and --seed
 (the same seed gives the same tokens on the same backend and device). --stop TEXT (repeatable) ends a sequence at
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="compare with PyTorch (or with --hf)")
     p.add_argument("--hf", default=None, metavar="HF_FOLDER", help="with --compare: Hugging Face transformers")
     p.add_argument("--allow-pickle", action="store_true", help="allow a pickled .pt MODEL (UNSAFE)")
+    p.add_argument("--speculative", choices=["mtp", "ngram"], default=None,
+                   help="self-speculative greedy decoding (torch backend, CPU): drafts from the checkpoint's MTP head "
+                        "or prompt lookup, verified K+1 tokens per call; the tokens equal plain greedy decoding")
+    p.add_argument("--draft-tokens", type=int, default=3, metavar="K", help="draft tokens per step (1..15)")
     p.add_argument("-q", "--quiet", action="store_true", help="only the results")
     return p
 
@@ -250,6 +255,9 @@ def main_body(args) -> int:
     sampling = sampling_config(args)
     if args.compare and not sampling.greedy:
         raise UsageError("--compare checks greedy tokens; leave out --temperature")
+    if args.speculative and (not sampling.greedy or args.stop or args.stream or isinstance(budgets, list)):
+        raise UsageError("--speculative decodes greedily with one -n for all prompts: leave out --temperature, "
+                         "--stop, --stream and per-prompt budgets")
     folder = resolve_folder(args, say)
     codec = Codec(folder)
     if (args.stop or args.stream) and not codec.has_text:
@@ -263,22 +271,32 @@ def main_body(args) -> int:
          f"top-p {sampling.top_p}, min-p {sampling.min_p}, repetition penalty {sampling.repetition_penalty})"))
     backend = make_backend(args.backend, folder, device=args.device, plugin_lib=args.plugins,
                            allow_pickle=args.allow_pickle)
-    text_on = codec.has_text and bool(args.stop or args.stream)
-    res = generate(folder, backend, prompts, budgets, eos_token_ids=eos, sampling=sampling, stop_strings=args.stop,
-                   decode_text=codec.decode if text_on else None,
-                   on_text=_stream_printer(len(prompts)) if args.stream else None)
-    if args.stream and len(prompts) == 1:
-        print()
+    if args.speculative:
+        from gdn_deploy.runtime.speculative import speculative_from_folder
+        spec = speculative_from_folder(folder, backend, prompts, budgets, eos, args.speculative, args.draft_tokens)
+        print(f"speculative ({args.speculative}, K={args.draft_tokens}): acceptance rate {spec.acceptance_rate:.3f}, "
+              f"{spec.tokens_per_call:.2f} tokens per target call, {spec.target_calls} verify calls")
+        res = spec
+    else:
+        text_on = codec.has_text and bool(args.stop or args.stream)
+        res = generate(folder, backend, prompts, budgets, eos_token_ids=eos, sampling=sampling,
+                       stop_strings=args.stop, decode_text=codec.decode if text_on else None,
+                       on_text=_stream_printer(len(prompts)) if args.stream else None)
+        if args.stream and len(prompts) == 1:
+            print()
+    reasons = getattr(res, "stop_reasons", None) or ["eos" if f else None for f in res.finished]
+    texts_out = getattr(res, "texts", None)
     for i, (p, toks) in enumerate(zip(prompts, res.tokens)):
-        stop = {"eos": " (eos)", "stop": " (stop string)"}.get(res.stop_reasons[i], "")
+        stop = {"eos": " (eos)", "stop": " (stop string)"}.get(reasons[i], "")
         print(f"[{i}] prompt {p if texts[i] is None else repr(texts[i])} -> {toks}{stop}")
         if codec.has_text:
-            print(f"    text: {(res.texts[i] if res.texts is not None else codec.decode(toks))!r}")
+            print(f"    text: {(texts_out[i] if texts_out is not None else codec.decode(toks))!r}")
     if not sampling.greedy:
         print(f"seed: {res.seed}")
-    say(f"prefill: {sum(len(p) for p in prompts)} tokens in {res.prefill_seconds * 1e3:.1f} ms; decode: "
-        f"{res.decode_tokens} tokens in {res.decode_steps} steps, {res.decode_seconds * 1e3:.1f} ms "
-        f"({res.tokens_per_second:.1f} tokens/s)")
+    if not args.speculative:
+        say(f"prefill: {sum(len(p) for p in prompts)} tokens in {res.prefill_seconds * 1e3:.1f} ms; decode: "
+            f"{res.decode_tokens} tokens in {res.decode_steps} steps, {res.decode_seconds * 1e3:.1f} ms "
+            f"({res.tokens_per_second:.1f} tokens/s)")
     if not args.compare:
         return ExitCode.OK
     if args.hf:
@@ -288,8 +306,9 @@ def main_body(args) -> int:
         ref = generate(folder, make_backend("torch", folder, device=args.device, allow_pickle=args.allow_pickle),
                        prompts, budgets, eos_token_ids=eos)
         ref_tokens, ref_logits, what = ref.tokens, ref.prefill_logits, "PyTorch"
-    diff = float((res.prefill_logits - ref_logits.to(res.prefill_logits.dtype)).abs().max())
-    print(f"compare: prefill last-token logits max |diff| vs {what}: {diff:.3e}")
+    if getattr(res, "prefill_logits", None) is not None:
+        diff = float((res.prefill_logits - ref_logits.to(res.prefill_logits.dtype)).abs().max())
+        print(f"compare: prefill last-token logits max |diff| vs {what}: {diff:.3e}")
     first = _first_difference(res.tokens, ref_tokens)
     if first is not None:
         i, j = first

@@ -10,8 +10,9 @@ import torch
 
 from conftest import call_prefill_ref, make_decode_inputs, make_prefill_inputs
 from gdn_deploy.reference import decode_ref, prefill_ref
-from gdn_deploy.spec import DECODE, PREFILL, SPEC, ContractError
-from gdn_deploy.validate import Dims, tolerance_for, validate_decode, validate_prefill
+from gdn_deploy.spec import COMMIT, DECODE, PREFILL, SPEC, VERIFY, ContractError
+from gdn_deploy.validate import (Dims, tolerance_for, validate_commit, validate_decode, validate_prefill,
+                                 validate_verify)
 
 HK, HV, K, V = 2, 4, 8, 4
 LENS = [3, 0, 5]
@@ -139,13 +140,49 @@ CASES: list[tuple[str, str, dict, Callable, str, str]] = [
      setv("A_log", torch.zeros(HV)), "unexpected", "A_log:"),
     ("dt_bias_in_precomputed", "decode", {}, setv("dt_bias", torch.zeros(HV)), "unexpected", "dt_bias:"),
     ("slots_in_dense", "decode", {}, setv("slots", torch.arange(3, dtype=torch.int32)), "unexpected", "slots:"),
+    # speculative verify / commit
+    ("draft_too_long", "verify", {}, lambda a: a.update(verify_long_draft()), "draft_len", "cu_seqlens:"),
+    ("accepted_negative", "commit", {}, poke("accepted", 0, -1), "accepted", "accepted:"),
+    ("accepted_too_many", "commit", {}, poke("accepted", 2, LENS[2] + 1), "accepted", "accepted:"),
+    ("accepted_int64", "commit", {}, setv("accepted", lambda a: a["accepted"].long()), "dtype_fixed", "accepted:"),
+    ("commit_slots_range", "commit", {"state_mode": 1}, poke("slots", 0, 99), "slots", "slots:"),
 ]
+
+
+def verify_long_draft() -> dict[str, Any]:
+    """Verify args with one sequence of max_draft_tokens + 1 tokens."""
+    g = torch.Generator().manual_seed(2)
+    d = make_prefill_inputs(g, [1, SPEC.max_draft_tokens + 1], Hk=HK, Hv=HV, K=K, V=V, dtype=torch.float32)
+    d["state"] = d.pop("initial_state")
+    return d
+
+
+def verify_args(pool=False) -> dict[str, Any]:
+    a = prefill_args()
+    a["state"] = a.pop("initial_state")
+    if pool:
+        a["state"] = torch.zeros(5, HV, K, V)
+        a["slots"] = torch.tensor([4, -1, 0], dtype=torch.int32)
+    return a
+
+
+def commit_args(pool=False) -> dict[str, Any]:
+    a = verify_args(pool)
+    return dict(state=a["state"], commit_k=torch.zeros(T, HK, K), commit_delta=torch.zeros(T, HV, V),
+                commit_g=torch.zeros(T, HV), cu_seqlens=a["cu_seqlens"],
+                accepted=torch.tensor(LENS, dtype=torch.int32), slots=a.get("slots"))
 
 
 def run_case(op: str, attr_over: dict, mutate: Callable, **kw):
     gate_mode = int(attr_over.get("gate_mode", 0)) if attr_over.get("gate_mode") in (0, 1) else 0
     if op == "prefill":
         args, attrs, fn = prefill_args(gate_mode), PREFILL.attrs(), validate_prefill
+    elif op == "verify":
+        pool = bool(attr_over.get("state_mode", 0))
+        args, attrs, fn = verify_args(pool), VERIFY.attrs(state_mode=int(pool)), validate_verify
+    elif op == "commit":
+        pool = bool(attr_over.get("state_mode", 0))
+        args, attrs, fn = commit_args(pool), COMMIT.attrs(state_mode=int(pool)), validate_commit
     else:
         pool = op == "decode_pool"
         args = decode_args(gate_mode, pool=pool)
@@ -153,6 +190,12 @@ def run_case(op: str, attr_over: dict, mutate: Callable, **kw):
     attrs.update(attr_over)
     mutate(args)
     return fn(args, attrs, **kw)
+
+
+@pytest.mark.parametrize("op,pool", [("verify", False), ("verify", True), ("commit", False), ("commit", True)])
+def test_valid_speculative_inputs_pass(op, pool):
+    dims = run_case(op, {"state_mode": int(pool)}, lambda a: None)
+    assert dims == Dims(T, len(LENS), HK, HV, K, V)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -29,8 +29,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..onnx_nodes import iter_gdn_nodes
-from ..spec import PREFILL, SPEC, STATE_POOL, OpSpec
+from ..spec import COMMIT, PREFILL, SPEC, STATE_POOL, VERIFY, OpSpec
 from .onnx_chunked import chunked_prefill_body
+from .onnx_speculative import commit_body, verify_body
 from .onnx_graph import FLOAT, GraphBuilder, prepare_inputs, repeat_heads, value_info
 
 __all__ = ["add_function_bodies", "overload_name", "make_function", "node_attrs", "function_body", "MIN_OPSET",
@@ -49,6 +50,8 @@ def node_attrs(op: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:
 
 
 def overload_name(op: OpSpec, attrs: dict[str, Any]) -> str:
+    if "gate_mode" not in op.attributes:   # GatedDeltaCommit
+        return f"state{int(attrs['state_mode'])}"
     key = f"gate{int(attrs['gate_mode'])}_l2norm{int(attrs['use_qk_l2norm'])}"
     if "state_mode" in op.attributes:
         key += f"_state{int(attrs['state_mode'])}"
@@ -154,15 +157,22 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEF
     in_names = op.input_names(attrs)
     b = GraphBuilder()
     ins = {n: n for n in in_names}
-    if op.name == PREFILL.name:
-        build = chunked_prefill_body if body == "chunked" else _token_prefill_body
-        what = f"{body} prefill body"
-    else:
-        build, what = _decode_body, "single-step decode body"
-    o, state = build(b, ins, attrs)
     out_names = op.output_names()
-    b("CastLike", o, ins["q"], outputs=[out_names[0]])
-    b("Identity", state, outputs=[out_names[1]])
+    if op.name in (VERIFY.name, COMMIT.name):
+        what = "padded-scan verify body" if op.name == VERIFY.name else "padded-scan commit body"
+        outs = (verify_body if op.name == VERIFY.name else commit_body)(b, ins, attrs)
+    else:
+        if op.name == PREFILL.name:
+            build = chunked_prefill_body if body == "chunked" else _token_prefill_body
+            what = f"{body} prefill body"
+        else:
+            build, what = _decode_body, "single-step decode body"
+        outs = list(build(b, ins, attrs))
+    for i, (x, name) in enumerate(zip(outs, out_names)):
+        if i == 0 and "q" in ins:
+            b("CastLike", x, ins["q"], outputs=[name])
+        else:
+            b("Identity", x, outputs=[name])
     defaults = [helper.make_attribute(a, op.defaults[a]) for a in op.attributes if a not in _INT_ATTRS]
     defaults += [helper.make_attribute(a, int(op.defaults[a])) for a in op.attributes if a in _INT_ATTRS]
     return helper.make_function(
@@ -198,8 +208,8 @@ def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY) -> onn
     _check_body(body)
     opset = default_opset(model)
     wanted: dict[tuple[str, str], onnx.FunctionProto] = {}
-    for node in iter_gdn_nodes(model.graph):
-        op = SPEC.ops[node.op_type]
+    for node in iter_gdn_nodes(model.graph, SPEC.all_ops):
+        op = SPEC.all_ops[node.op_type]
         attrs = node_attrs(op, node)
         expected = op.input_names(attrs)
         if len(node.input) != len(expected) or any(not x for x in node.input):
@@ -209,7 +219,7 @@ def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY) -> onn
         key = (node.op_type, node.overload)
         if key not in wanted:
             wanted[key] = make_function(op, attrs, opset, body)
-    keep = [f for f in model.functions if not (f.domain == SPEC.domain and f.name in SPEC.ops)]
+    keep = [f for f in model.functions if not (f.domain == SPEC.domain and f.name in SPEC.all_ops)]
     del model.functions[:]
     model.functions.extend(keep + list(wanted.values()))
     props = [p for p in model.metadata_props if p.key != BODY_METADATA_KEY]

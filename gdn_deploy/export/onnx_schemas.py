@@ -63,12 +63,16 @@ def build_schema(op: OpSpec) -> OpSchema:
     for name, value in (("plugin_namespace", SPEC.plugin_namespace), ("plugin_version", SPEC.plugin_version)):
         attributes.append(OpSchema.Attribute(name, onnx.helper.make_attribute(name, value),
                                              "TensorRT plugin lookup (ignored by the op)"))
-    doc = (f"{op.name} of the gdn contract (Gated DeltaNet; kernel: {SPEC.raw['ops'][op.name]['kernel']}). "
+    doc = (f"{op.name} of the gdn contract (Gated DeltaNet; kernel: {_raw_op(op.name)['kernel']}). "
            "Recurrence: " + " | ".join(s.strip() for s in SPEC.raw["recurrence"]))
     schema = OpSchema(op.name, SPEC.domain, SPEC.opset_version, doc, inputs=inputs, outputs=outputs,
                       type_constraints=constraints, attributes=attributes)
     schema.set_type_and_shape_inference_function(lambda ctx: infer_node(op, ctx))
     return schema
+
+
+def _raw_op(name: str) -> dict[str, Any]:
+    return SPEC.raw["ops"].get(name) or SPEC.raw["speculative_ops"][name]
 
 
 def _attr(ctx, op: OpSpec, name: str) -> Any:
@@ -116,8 +120,8 @@ def infer_node(op: OpSpec, ctx) -> None:
         _fail(op, f"{ctx.get_num_inputs()} inputs given, the attributes {attrs} need {len(names)}: {', '.join(names)}")
     types = {n: _tensor_type(ctx, i) for i, n in enumerate(names)}
     spec_in = {t.name: t for t in op.inputs}
-    io_elem = types["q"].tensor_type.elem_type if types["q"] is not None else None
-    gate_elem = types["g"].tensor_type.elem_type if types["g"] is not None else None
+    io_elem = types["q"].tensor_type.elem_type if types.get("q") is not None else None
+    gate_elem = types["g"].tensor_type.elem_type if types.get("g") is not None else None
     for n in names:
         t, want = types[n], spec_in[n].dtype
         if t is None:
@@ -132,6 +136,9 @@ def infer_node(op: OpSpec, ctx) -> None:
         dims = _dims(t)
         if dims is not None and len(dims) != len(spec_in[n].shape):
             _fail(op, f"input {n} has rank {len(dims)}, expected {len(spec_in[n].shape)} {list(spec_in[n].shape)}")
+    if op.name == "GatedDeltaCommit":   # one output: the state (or pool) with the accepted steps replayed
+        ctx.set_output_type(0, _out_type(TensorProto.FLOAT, _dims(types["state"])))
+        return
     q_dims, v_dims = _dims(types["q"]), _dims(types["v"])
     if q_dims and v_dims and all(d.HasField("dim_value") for d in (q_dims[1], v_dims[1])):
         hk, hv = q_dims[1].dim_value, v_dims[1].dim_value
@@ -139,6 +146,10 @@ def infer_node(op: OpSpec, ctx) -> None:
             _fail(op, f"Hv={hv} is not a multiple of Hk={hk} (grouped value attention needs Hv % Hk == 0)")
     if io_elem is not None:
         ctx.set_output_type(0, _out_type(io_elem, v_dims))
+    if op.name == "GatedDeltaVerify":   # o, then the commit factors k [T,Hk,K], delta [T,Hv,V], g [T,Hv]
+        for i, n in enumerate(("k", "v", "g"), start=1):
+            ctx.set_output_type(i, _out_type(TensorProto.FLOAT, _dims(types[n])))
+        return
     state_name = "initial_state" if "initial_state" in types else "state"
     state_dims = _dims(types[state_name])
     if state_dims is None and q_dims and v_dims:
@@ -150,8 +161,8 @@ _REGISTERED: dict[str, OpSchema] = {}
 
 
 def register_schemas() -> None:
-    """Register both gdn OpSchemas with ``onnx.defs`` (idempotent)."""
-    for op in SPEC.ops.values():
+    """Register the gdn OpSchemas (plugin and speculative ops) with ``onnx.defs`` (idempotent)."""
+    for op in SPEC.all_ops.values():
         if op.name in _REGISTERED or onnx.defs.has(op.name, SPEC.domain):
             continue
         schema = build_schema(op)

@@ -4,7 +4,8 @@ Reads ``model.safetensors`` or the shards of ``model.safetensors.index.json`` (n
 no remote code). Checkpoint keys are mapped to :class:`HybridLM` names the way transformers 5 maps them:
 
 - prefixes ``model.language_model.`` (multimodal folders) and ``model.`` are dropped; ``mtp.*`` (multi-token
-  prediction) and the vision tower (``model.visual.*``) are skipped;
+  prediction, read separately by :func:`gdn_deploy.lm.mtp.load_mtp_head`) and the vision tower (``model.visual.*``)
+  are skipped;
 - per-expert MoE weights ``mlp.experts.{e}.{gate,up,down}_proj.weight`` are stacked into ``experts.gate_up_proj
   [E, 2I, hidden]`` / ``experts.down_proj [E, hidden, I]`` (fused checkpoints load as they are);
 - OLMo-Hybrid: ``attention_layer_norm`` -> ``input_layernorm``, ``feedforward_layer_norm`` ->

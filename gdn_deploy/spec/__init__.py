@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 __all__ = ["SPEC", "OpSpec", "TensorSpec", "ContractError", "contract_error", "load_spec",
-           "PREFILL", "DECODE", "GATE_PRECOMPUTED", "GATE_RAW", "STATE_DENSE", "STATE_POOL"]
+           "PREFILL", "DECODE", "VERIFY", "COMMIT", "GATE_PRECOMPUTED", "GATE_RAW", "STATE_DENSE", "STATE_POOL"]
 
 GATE_PRECOMPUTED, GATE_RAW = 0, 1
 STATE_DENSE, STATE_POOL = 0, 1
@@ -76,19 +76,24 @@ class _Spec:
         self.plugin_namespace: str = raw["plugin_namespace"]
         self.plugin_version: str = raw["plugin_version"]
         self.chunk_size: int = raw["chunk_size"]
+        self.max_draft_tokens: int = raw["max_draft_tokens"]
         self.io_dtypes: tuple[str, ...] = tuple(raw["io_dtypes"])
         self.gate_dtypes: tuple[str, ...] = tuple(raw["gate_dtypes"])
         self.kernel_head_dims: tuple[int, ...] = tuple(raw["kernel_head_dims"])
         self.attributes: dict[str, dict[str, Any]] = raw["attributes"]
         self.tolerances: dict[str, Any] = raw["tolerances"]
         self.errors: dict[str, str] = {v["id"]: v["error"] for v in raw["validation"]}
-        self.ops: dict[str, OpSpec] = {}
-        for name, op in raw["ops"].items():
-            mk = lambda d: TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d.get("present_if"), d.get("doc", ""))
-            self.ops[name] = OpSpec(
-                name=name, torch_op=op["torch_op"], attributes=tuple(op["attributes"]),
-                inputs=tuple(mk(d) for d in op["inputs"]), outputs=tuple(mk(d) for d in op["outputs"]),
-                defaults={a: self.attributes[a]["default"] for a in op["attributes"]})
+        # ops: the TensorRT plugin ops; speculative_ops: verify/commit (no plugin yet); all_ops: both
+        self.ops: dict[str, OpSpec] = {n: self._op(n, op) for n, op in raw["ops"].items()}
+        self.speculative_ops: dict[str, OpSpec] = {n: self._op(n, op) for n, op in raw["speculative_ops"].items()
+                                                   if not n.startswith("_")}
+        self.all_ops: dict[str, OpSpec] = {**self.ops, **self.speculative_ops}
+
+    def _op(self, name: str, op: dict[str, Any]) -> OpSpec:
+        mk = lambda d: TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d.get("present_if"), d.get("doc", ""))
+        return OpSpec(name=name, torch_op=op["torch_op"], attributes=tuple(op["attributes"]),
+                      inputs=tuple(mk(d) for d in op["inputs"]), outputs=tuple(mk(d) for d in op["outputs"]),
+                      defaults={a: self.attributes[a]["default"] for a in op["attributes"]})
 
     def kernel_tolerance(self, dtype: str) -> float:
         return float(self.tolerances["kernel_vs_fp64"][dtype])
@@ -106,6 +111,8 @@ def load_spec() -> _Spec:
 SPEC = load_spec()
 PREFILL = SPEC.ops["GatedDeltaPrefill"]
 DECODE = SPEC.ops["GatedDeltaDecode"]
+VERIFY = SPEC.speculative_ops["GatedDeltaVerify"]
+COMMIT = SPEC.speculative_ops["GatedDeltaCommit"]
 
 
 def contract_error(rule: str, **fields: Any) -> ContractError:

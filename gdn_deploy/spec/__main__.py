@@ -31,6 +31,8 @@ def emit_cpp() -> str:
         f'constexpr char const* kPluginNamespace = "{SPEC.plugin_namespace}";',
         f'constexpr char const* kPluginVersion = "{SPEC.plugin_version}";',
         f"constexpr int32_t kChunkSize = {SPEC.chunk_size};",
+        "// Most tokens per sequence in one GatedDeltaVerify step.",
+        f"constexpr int32_t kMaxDraftTokens = {SPEC.max_draft_tokens};",
         "// Head dims K and V the CUDA kernels support.",
         f"constexpr int32_t kKernelHeadDims[] = {{{', '.join(str(d) for d in SPEC.kernel_head_dims)}}};",
         "constexpr bool isKernelHeadDim(int32_t d)",
@@ -54,7 +56,7 @@ def emit_cpp() -> str:
             lines.append(f"constexpr int32_t {cname}Default = {int(a['default'])};")
         else:
             lines.append(f"constexpr float {cname}Default = {float(a['default'])!r}f;")
-    for op in SPEC.ops.values():
+    for op in SPEC.all_ops.values():
         lines += ["", f"// {op.name}: inputs in order; entries after the fixed ones appear only when their condition holds."]
         lines.append(f'constexpr char const* k{op.name}Name = "{op.name}";')
         fixed = [t for t in op.inputs if t.present_if is None]

@@ -8,6 +8,8 @@ constexpr char const* kDomain = "gdn";
 constexpr char const* kPluginNamespace = "gdn";
 constexpr char const* kPluginVersion = "1";
 constexpr int32_t kChunkSize = 64;
+// Most tokens per sequence in one GatedDeltaVerify step.
+constexpr int32_t kMaxDraftTokens = 16;
 // Head dims K and V the CUDA kernels support.
 constexpr int32_t kKernelHeadDims[] = {64, 128, 256};
 constexpr bool isKernelHeadDim(int32_t d)
@@ -61,6 +63,33 @@ constexpr char const* kGatedDeltaDecodeInput6 = "slots";  // present if state_mo
 constexpr char const* kGatedDeltaDecodeInput7 = "A_log";  // present if gate_mode == 1
 constexpr char const* kGatedDeltaDecodeInput8 = "dt_bias";  // present if gate_mode == 1
 constexpr int32_t kGatedDeltaDecodeNumOutputs = 2;
+
+// GatedDeltaVerify: inputs in order; entries after the fixed ones appear only when their condition holds.
+constexpr char const* kGatedDeltaVerifyName = "GatedDeltaVerify";
+constexpr int32_t kGatedDeltaVerifyNumFixedInputs = 7;
+constexpr char const* kGatedDeltaVerifyInput0 = "q";
+constexpr char const* kGatedDeltaVerifyInput1 = "k";
+constexpr char const* kGatedDeltaVerifyInput2 = "v";
+constexpr char const* kGatedDeltaVerifyInput3 = "g";
+constexpr char const* kGatedDeltaVerifyInput4 = "beta";
+constexpr char const* kGatedDeltaVerifyInput5 = "cu_seqlens";
+constexpr char const* kGatedDeltaVerifyInput6 = "state";
+constexpr char const* kGatedDeltaVerifyInput7 = "slots";  // present if state_mode == 1
+constexpr char const* kGatedDeltaVerifyInput8 = "A_log";  // present if gate_mode == 1
+constexpr char const* kGatedDeltaVerifyInput9 = "dt_bias";  // present if gate_mode == 1
+constexpr int32_t kGatedDeltaVerifyNumOutputs = 4;
+
+// GatedDeltaCommit: inputs in order; entries after the fixed ones appear only when their condition holds.
+constexpr char const* kGatedDeltaCommitName = "GatedDeltaCommit";
+constexpr int32_t kGatedDeltaCommitNumFixedInputs = 6;
+constexpr char const* kGatedDeltaCommitInput0 = "state";
+constexpr char const* kGatedDeltaCommitInput1 = "commit_k";
+constexpr char const* kGatedDeltaCommitInput2 = "commit_delta";
+constexpr char const* kGatedDeltaCommitInput3 = "commit_g";
+constexpr char const* kGatedDeltaCommitInput4 = "cu_seqlens";
+constexpr char const* kGatedDeltaCommitInput5 = "accepted";
+constexpr char const* kGatedDeltaCommitInput6 = "slots";  // present if state_mode == 1
+constexpr int32_t kGatedDeltaCommitNumOutputs = 1;
 
 } // namespace spec
 } // namespace gdn
