@@ -12,8 +12,8 @@ bf16 matmul TFLOP/s on random data), then:
   cu_seqlens; reports ms, fraction of the bandwidth floor and of matmul throughput, speedup vs FLA.
   Every case also times ours_prev (the scan the automatic choice picked before the context-parallel scan: the
   A/B, same run); shard shapes (few heads per GPU after tensor parallelism, K = V = 64 / 256, varlen) also
-  ours_cpG / ours_cpmmaG (the context-parallel scan forced to G segments per sequence, --cp-segments; its output
-  pass on wgmma / on mma.sync).
+  ours_cpauto (scan cp, pass 1 on mma.sync, automatic G: the automatic choice before cp_wg) and ours_cpG /
+  ours_cpwgG (forced to G segments per sequence, --cp-segments; pass 1 on mma.sync / on wgmma).
   ms is GPU time: per call, the union of the device intervals recorded by the torch profiler (kernels
   that overlap count once; host launch latency and GPU idle gaps excluded), median of 7 calls; FLA's
   Python launches ~1.1-1.3 ms of host work per call, more than its GPU time below 1x16K, so timing
@@ -387,9 +387,10 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
                 log(f"  [{name}] ours failed: {type(e).__name__}: {e}")
             variants = {"ours_prev": dict(scan=_prev_scan(kernels, N, Hv, K, V))}
             if name.startswith("shard"):
+                variants["ours_cpauto"] = dict(scan="cp", segments=0)  # pass 1 on mma.sync, automatic G
                 variants.update({f"ours_cp{G}": dict(scan="cp", segments=G) for G in cp_segments})
-                if K <= 128:  # the output pass on mma.sync instead of wgmma
-                    variants.update({f"ours_cpmma{G}": dict(scan="cp_mma", segments=G) for G in cp_segments})
+                if K <= 128:  # pass 1 on wgmma too
+                    variants.update({f"ours_cpwg{G}": dict(scan="cp_wg", segments=G) for G in cp_segments})
             for tag, kw in variants.items():
                 try:
                     wsv = torch.empty(L.prefill_workspace_bytes(kernels.LIB, p, kw.get("segments")),

@@ -111,7 +111,7 @@ def launch_prefill(lib: ctypes.CDLL, p: GdnPrefillParams, workspace: Optional[Te
     """Enqueue the prefill kernel with a caller-allocated workspace (``prefill_workspace_bytes``).
 
     ``scan`` forces a scan variant by name and ``tma=False`` the wgmma scans' cp.async loads (tests and
-    benchmarks, gdnPrefillConfig.h); ``segments`` forces a context-parallel scan (``scan`` "cp" or "cp_mma"; "auto":
+    benchmarks, gdnPrefillConfig.h); ``segments`` forces a context-parallel scan (``scan`` "cp", "cp_mma" or "cp_wg"; "auto":
     "cp") with that many segments per sequence (0: its automatic count; workspace:
     ``prefill_workspace_bytes(.., segments)``). The defaults are what the product runs."""
     p.workspace = _ptr(workspace)

@@ -80,14 +80,15 @@ extern "C"
         return static_cast<int>(gdn::launchGdnPrefillSupported(*p, static_cast<cudaStream_t>(stream), config));
     }
 
-    // Context-parallel scan code `scan` ("cp", "cp_mma") with `segments` segments per sequence (0: automatic;
+    // Context-parallel scan code `scan` ("cp", "cp_mma", "cp_wg") with `segments` segments per sequence (0: automatic;
     // at least 2).
     int gdnPrefillLaunchSegmentsC(gdn::GdnPrefillParams const* p, void* stream, int scan, int segments)
     {
         if (p == nullptr || gdn::gdnPrefillSupports(*p)[0] != '\0')
             return kUnsupported;
         if (segments < 0
-            || (scan != int(gdn::PrefillScan::kCp) && scan != int(gdn::PrefillScan::kCpMma)))
+            || (scan != int(gdn::PrefillScan::kCp) && scan != int(gdn::PrefillScan::kCpMma)
+                && scan != int(gdn::PrefillScan::kCpWg)))
             return static_cast<int>(cudaErrorInvalidValue);
         gdn::PrefillConfig const config{static_cast<gdn::PrefillScan>(scan), true, segments};
         return static_cast<int>(gdn::launchGdnPrefillSupported(*p, static_cast<cudaStream_t>(stream), config));

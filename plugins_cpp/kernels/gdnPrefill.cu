@@ -13,6 +13,7 @@
 #include "gdnKernels.h"
 #include "gdnPrefillChunked.cuh"
 #include "gdnPrefillCp.cuh"
+#include "gdnPrefillCpWgmma.cuh"
 #include "gdnPrefillConfig.h"
 #include "gdnPrefillPrep.cuh"
 #include "gdnPrefillScanWgmma.cuh"
@@ -185,7 +186,7 @@ size_t wsSlots(GdnPrefillParams const& p)
 // The context-parallel scans (gdnPrefillCp.cuh)
 bool isCpScan(PrefillScan s)
 {
-    return s == PrefillScan::kCp || s == PrefillScan::kCpMma;
+    return s == PrefillScan::kCp || s == PrefillScan::kCpMma || s == PrefillScan::kCpWg;
 }
 
 // Segments per sequence of the context-parallel scan on a device of `sms` SMs [Context-parallel prefill]: enough
@@ -378,9 +379,21 @@ cudaError_t launchChunked(
     }
     if (isCpScan(scan))
     {
-        // pass 2 on the wgmma scan where it runs (kCp), else on the mma.sync one
-        bool const wg = K <= 128 && scan == PrefillScan::kCp && wgmmaUsable();
-        cudaError_t const e = prefill_cp::launchCp<T, K>(p, ws, cw, !wg, stream);
+        // pass 2 on the wgmma scan where it runs (kCp, kCpWg), else on the mma.sync one; pass 1 on wgmma for kCpWg
+        bool const wg = K <= 128 && scan != PrefillScan::kCpMma && wgmmaUsable();
+        bool wg1 = false;
+        if constexpr (K <= 128)
+        {
+            if (wg && scan == PrefillScan::kCpWg)
+            {
+                wg1 = true;
+                prefill_chunked::ScanTmaMaps maps{};
+                if (tma)
+                    maps = scanTmaMaps(p, ws, K);
+                GDN_CUDA_TRY((prefill_cp::launchCpPass1Wg<T, K>(p, ws, cw, maps, stream)));
+            }
+        }
+        cudaError_t const e = prefill_cp::launchCp<T, K>(p, ws, cw, !wg1, !wg, stream);
         if (e != cudaSuccess)
             return e;
         if (!wg)
@@ -469,7 +482,7 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, PrefillScan 
 PrefillScan pickPrefillScan(GdnPrefillParams const& p)
 {
     if (cfg::kCpAuto && cpSegments(p, smCount()) >= 2)
-        return PrefillScan::kCp;
+        return cfg::kCpPass1Wg ? PrefillScan::kCpWg : PrefillScan::kCp;
     if (p.K > 128 || !wgmmaUsable())
         return PrefillScan::kMma4;
     return cfg::kBesideSmShare * wgScanCtas(p) <= smCount() ? PrefillScan::kWgmmaBeside : PrefillScan::kWgmma;

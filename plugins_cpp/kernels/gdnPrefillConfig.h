@@ -24,8 +24,9 @@ enum class PrefillScan : int32_t
     kCp = 5,           // context parallel: sequences cut into segments scanned at once (gdnPrefillCp.cuh); its
                        // output pass on the wgmma scan where that runs, else on mma.sync
     kCpMma = 6,        // the same with the output pass on mma.sync everywhere
+    kCpWg = 7,         // kCp with pass 1 (segment end states and transitions) on wgmma too where that runs
 };
-constexpr int32_t kPrefillScanCount = 7;
+constexpr int32_t kPrefillScanCount = 8;
 
 struct PrefillConfig
 {
@@ -33,14 +34,15 @@ struct PrefillConfig
     // wgmma scans: tiles loaded and o stored by bulk tensor copies (TMA) where the tensor maps encode; false forces
     // the cp.async loads and 16-byte o stores that the last, partial chunk of a sequence always uses.
     bool tma = true;
-    // kCp, kCpMma: segments per sequence (0: the automatic count; at least 2)
+    // kCp, kCpMma, kCpWg: segments per sequence (0: the automatic count; at least 2)
     int32_t segments = 0;
 };
 
-// The scan's name ("auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma"); nullptr for a code out of range.
+// The scan's name ("auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma", "cp_wg"); nullptr for a code out of range.
 inline char const* prefillScanName(int32_t code)
 {
-    constexpr char const* kNames[kPrefillScanCount] = {"auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma"};
+    constexpr char const* kNames[kPrefillScanCount] = {"auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma",
+        "cp_wg"};
     return code >= 0 && code < kPrefillScanCount ? kNames[code] : nullptr;
 }
 // Whether `scan` can run for head dim K on the current device with this build (kAuto: always).
@@ -76,6 +78,8 @@ constexpr int kCpMinSegments = 4;
 constexpr int kCpCtaShare = 8;
 constexpr int kCpMinChunks = 32;
 constexpr bool kCpAuto = true;
+// The automatic context-parallel scan runs pass 1 on wgmma (kCpWg) where that runs [Pass 1 on wgmma].
+constexpr bool kCpPass1Wg = true;
 // The workspace holds the segments of a device of up to kCpSmBound SMs (the segment count grows with the SMs).
 constexpr int kCpSmBound = 256;
 

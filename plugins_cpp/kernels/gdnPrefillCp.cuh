@@ -8,7 +8,7 @@
 //   fix-up (gdnPrefillCpFixKernel): S_0 = initial state, S_{s+1} = M_s S_s + H_s (fp32, sequential over segments);
 //   pass 2 (gdnPrefillCpKernel<.., true>): every segment from its true initial state S_s, writing o; the last
 //   segment writes the final state.
-// Pass 1 and the fix-up run here; pass 2 runs the wgmma scan (gdnPrefillScanWgmma.cuh, ChunkWs::segments) where it
+// Pass 1 runs here (mma.sync) or on wgmma (gdnPrefillCpWgmma.cuh, scan kCpWg), the fix-up here; pass 2 runs the wgmma scan (gdnPrefillScanWgmma.cuh, ChunkWs::segments) where it
 // can run, else gdnPrefillCpKernel<.., true>. Both kernels here are the warp-level mma.sync scan of
 // gdnPrefillChunked.cuh (4 warps, V-tile 64) over the chunk range of one segment, reading the prep kernel's workspace slots (the segments' chunk ids are the sequence's). Nothing reads
 // cu_seqlens on the host; segment ranges come from the clamped sequence ranges (seqRange), so every token row and
@@ -276,13 +276,16 @@ inline size_t cpWorkspaceBytes(GdnPrefillParams const& p, int64_t slots)
     return size_t(slots) * size_t(p.Hv) * size_t(p.K) * size_t(2 * p.V + p.K) * sizeof(float);
 }
 
-// Pass 1, the fix-up and (pass2: the mma.sync one) pass 2 on `stream`, after the prep kernel
+// (pass1: the mma.sync) pass 1, the fix-up and (pass2: the mma.sync one) pass 2 on `stream`, after the prep kernel
+// (and after the wgmma pass 1 of gdnPrefillCpWgmma.cuh where pass1 is false)
 template <typename T, int K>
-cudaError_t launchCp(GdnPrefillParams const& p, ChunkWs const& ws, CpWs const& cw, bool pass2, cudaStream_t stream)
+cudaError_t launchCp(
+    GdnPrefillParams const& p, ChunkWs const& ws, CpWs const& cw, bool pass1, bool pass2, cudaStream_t stream)
 {
     int const G = cw.segments;
     if (int64_t(p.N) * G > 0x7fffffffLL)
         return cudaErrorInvalidConfiguration;
+    if (pass1)
     {
         auto kern = gdnPrefillCpKernel<T, K, false>;
         int const smem = int(sizeof(CpSmem<T, K, false>));

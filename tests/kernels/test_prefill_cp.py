@@ -1,6 +1,7 @@
 """Context-parallel chunked prefill (scan "cp", gdnPrefillCp.cuh) against the float64 reference.
 
-Both context-parallel scans ("cp": output pass on wgmma where it runs; "cp_mma": on mma.sync). Long sequences cut
+Every context-parallel scan ("cp": output pass on wgmma where it runs; "cp_mma": on mma.sync; "cp_wg": both passes
+on wgmma). Long sequences cut
 into segments at chunk boundaries (the last segment holds the partial chunk), scanned at once and
 combined exactly through each segment's transition: 64K-token single sequences at every head dim with strong gates
 (g down to -40 per token), weak gates and beta in [0, 2] from non-zero initial states; ragged batches with empty,
@@ -46,9 +47,10 @@ def _run(kernels, d, attrs, segments, *, scan="cp", alias_state=False):
 
 
 def _scans(kernels, K):
-    """The context-parallel scans that differ here: "cp" (output pass on wgmma where it runs) and "cp_mma"."""
+    """The context-parallel scans that differ here: "cp" (output pass on wgmma where it runs), "cp_mma" and "cp_wg"
+    (both passes on wgmma)."""
     wg = kernels.launch.prefill_scan_runs(kernels.LIB, "wgmma", K)
-    return ("cp", "cp_mma") if wg else ("cp",)
+    return ("cp", "cp_mma", "cp_wg") if wg else ("cp",)
 
 
 def _check(o, final, ref, attrs, io_dtype):

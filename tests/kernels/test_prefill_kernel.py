@@ -160,7 +160,8 @@ def test_prefill_beside_long_sequences(kernels, gen, tma):
 def test_prefill_scan_names_and_unrunnable_scan(kernels, gen):
     """The library names its scans; a scan that cannot run for the params is refused, not silently replaced."""
     from gdn_deploy.kernels.library import prefill_scan_code, prefill_scan_names
-    assert prefill_scan_names(kernels.LIB) == ("auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma")
+    assert prefill_scan_names(kernels.LIB) == ("auto", "wgmma", "wgmma_beside", "mma2", "mma4", "cp", "cp_mma",
+                                                 "cp_wg")
     with pytest.raises(ValueError, match="unknown"):
         prefill_scan_code(kernels.LIB, "fastest")
     assert not kernels.launch.prefill_scan_runs(kernels.LIB, "wgmma", 256)  # (K = 256: mma.sync only)
