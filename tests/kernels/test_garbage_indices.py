@@ -72,7 +72,7 @@ def _launch_prefill(kernels, d, attrs, cu, scan, tma):
     final = Guarded(d["initial_state"].shape, torch.float32)
     p = kernels.launch.prefill_params(d["q"], d["k"], d["v"], d["g"], d["beta"], cu, d["initial_state"], o.t,
                                       final.t, d.get("A_log"), d.get("dt_bias"), **attrs)
-    segments = CP_SEGMENTS if scan in ("cp", "cp_mma") else None
+    segments = CP_SEGMENTS if scan in ("cp", "cp_mma", "cp_wg") else None
     nbytes = kernels.launch.prefill_workspace_bytes(kernels.LIB, p, segments)
     ws = Guarded((nbytes,), torch.uint8, fill=0xFF) if nbytes else None
     kernels.launch.launch_prefill(kernels.LIB, p, None if ws is None else ws.t, torch.device("cuda"), scan=scan,
@@ -86,7 +86,7 @@ CP_SEGMENTS = 3  # the context-parallel scans, forced to 3 segments per sequence
 def _configs(kernels, K, io):
     """Every scan configuration that runs here and both context-parallel scans (16-bit I/O), the fp32 kernel
     otherwise."""
-    return scan_configs(kernels, K) + [("cp", True), ("cp_mma", True)] if io != "f32" else [("auto", True)]
+    return scan_configs(kernels, K) + [("cp", True), ("cp_mma", True), ("cp_wg", True)] if io != "f32" else [("auto", True)]
 
 
 # (io, Hk, Hv, K, V, T, N): T = 1000 gives 16 chunks per sequence at most, N = 6 sequences
