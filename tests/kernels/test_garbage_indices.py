@@ -84,9 +84,10 @@ CP_SEGMENTS = 3  # the context-parallel scans, forced to 3 segments per sequence
 
 
 def _configs(kernels, K, io):
-    """Every scan configuration that runs here and both context-parallel scans (16-bit I/O), the fp32 kernel
+    """Every scan configuration that runs here and the context-parallel scans (16-bit I/O), the fp32 kernel
     otherwise."""
-    return scan_configs(kernels, K) + [("cp", True), ("cp_mma", True), ("cp_wg", True)] if io != "f32" else [("auto", True)]
+    cp = [("cp", True), ("cp_mma", True), ("cp_wg", True)]
+    return scan_configs(kernels, K) + cp if io != "f32" else [("auto", True)]
 
 
 # (io, Hk, Hv, K, V, T, N): T = 1000 gives 16 chunks per sequence at most, N = 6 sequences
