@@ -202,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
         from .model_export import ExportOptions, export_model
         if args.from_model:
             raise UsageError("--from-model applies to an export folder, not to a MODEL")
+        if args.output:
+            from .outdir import check_output_dir
+            check_output_dir(args.output)        # before any work: a bad -o is exit 2 at once
         root = Path(args.output) if args.output else Path(tmp := tempfile.mkdtemp(prefix="gdn_check_"))
         targets = load_targets(args.target, layer=args.layer, allow_pickle=args.allow_pickle)
         graphs = parse_graphs(args.graphs or "prefill,decode")

@@ -60,7 +60,7 @@ def _check_files(outdir: Path, meta: Mapping[str, Any], hashes: bool, skip: set[
         if Path(name).name != name or not path.is_file():
             fix = "re-export, or rewrite the reference files with gdn-check --from-model" if name in refs else \
                 "re-export"
-            raise LoadError(f"{path}: missing (listed in {md.SIDECAR_NAME}); the folder is incomplete: {fix}")
+            raise LoadError(f"{outdir}: incomplete export: {name} missing (listed in {md.SIDECAR_NAME}); {fix}")
         size = path.stat().st_size
         if size != want.get("bytes"):
             raise LoadError(f"{path}: {size} bytes, the export wrote {want.get('bytes')} (truncated, replaced or "

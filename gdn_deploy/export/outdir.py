@@ -64,7 +64,7 @@ def check_output_dir(path: str | Path, flag: str = "-o", *, container: bool = Fa
 @contextlib.contextmanager
 def staged_output(out: Path) -> Iterator[Path]:
     """Yield a temporary sibling of ``out``; move it to ``out`` when the block succeeds, remove it otherwise."""
-    out = Path(out)
+    out = Path(os.path.abspath(out))         # "." and ".." resolved: the folder is moved by name
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
