@@ -16,7 +16,8 @@ from enum import IntEnum
 from typing import Callable
 
 __all__ = ["ExitCode", "EXIT_CODES_HELP", "GdnError", "UsageError", "LoadError", "ExportFailure", "RunFailure",
-           "MismatchError", "TensorRTMissing", "PluginError", "TensorRTFailure", "run_cli", "quiet_warnings"]
+           "MismatchError", "NotChecked", "TensorRTMissing", "PluginError", "TensorRTFailure", "run_cli",
+           "quiet_warnings"]
 
 
 class ExitCode(IntEnum):
@@ -29,6 +30,7 @@ class ExitCode(IntEnum):
     NO_TENSORRT = 6       # the tensorrt Python module is missing or too old
     PLUGIN = 7            # the gdn TensorRT plugin library is missing or cannot be loaded
     TENSORRT = 8          # TensorRT could not parse, build or run a graph
+    NOT_CHECKED = 9       # nothing was checked: no runtime here could run a graph (a missing kernel)
     INTERRUPTED = 130
 
 
@@ -40,11 +42,14 @@ exit codes (the same for every gdn-deploy command):
   3 model or export folder     8 TensorRT could not parse, build or run a graph
     cannot be loaded         130 interrupted
   4 export failed, or a runtime could not run a graph
+  9 not checked: no runtime here could run a graph (a kernel is missing);
+    the files are written: check them with gdn-check where TensorRT runs
 Set GDN_DEBUG=1 for a Python traceback."""
 
 _WHAT = {ExitCode.INTERNAL: "unexpected error", ExitCode.USAGE: "error", ExitCode.LOAD: "cannot load",
          ExitCode.EXPORT: "failed", ExitCode.MISMATCH: "mismatch", ExitCode.NO_TENSORRT: "TensorRT unavailable",
-         ExitCode.PLUGIN: "plugin library", ExitCode.TENSORRT: "TensorRT failed"}
+         ExitCode.PLUGIN: "plugin library", ExitCode.TENSORRT: "TensorRT failed",
+         ExitCode.NOT_CHECKED: "not checked"}
 
 
 class GdnError(Exception):
@@ -71,6 +76,11 @@ class RunFailure(GdnError):
 
 class MismatchError(GdnError):
     exit_code = ExitCode.MISMATCH
+
+
+class NotChecked(GdnError):
+    """A requested check could not run anywhere (no runtime here runs the graphs): not a pass."""
+    exit_code = ExitCode.NOT_CHECKED
 
 
 class TensorRTMissing(GdnError):
@@ -111,12 +121,27 @@ def first_line(e: BaseException, limit: int = 400) -> str:
     return text[0][:limit] if text else type(e).__name__
 
 
-def run_cli(prog: str, fn: Callable[[], int]) -> int:
-    """Run a command body; map :class:`GdnError` (and anything else) to one stderr line and an exit code."""
+def _exit_interrupted(prog: str) -> Callable:
+    def handler(signum, frame):  # noqa: ARG001
+        try:
+            sys.stdout.flush()
+            print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        finally:
+            os._exit(int(ExitCode.INTERRUPTED))
+    return handler
+
+
+def run_cli(prog: str, fn: Callable[[], int], *, command: bool = False) -> int:
+    """Run a command body; map :class:`GdnError` (and anything else) to one stderr line and an exit code.
+
+    Ctrl-C during the body prints ``<prog>: interrupted`` and returns 130. Put everything slow (argument parsing,
+    ``import torch``) inside ``fn``. With ``command`` (the process is this command: ``main()`` called without an
+    argv), a Ctrl-C after the body, while the interpreter shuts down, also ends in that line and exit code 130
+    (a SIGINT handler installed for the rest of the process)."""
     try:
         return int(fn())
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return ExitCode.INTERRUPTED
     except Exception as e:  # noqa: BLE001: one readable line; the exit code says what failed
         if os.environ.get("GDN_DEBUG") == "1":
@@ -127,3 +152,9 @@ def run_cli(prog: str, fn: Callable[[], int]) -> int:
             msg = f"{type(e).__name__}: {msg} (a bug in gdn-deploy: rerun with GDN_DEBUG=1 and report the traceback)"
         print(f"{prog}: {_WHAT.get(code, 'error')}: {msg}", file=sys.stderr)
         return int(code)
+    finally:
+        if command:
+            import signal
+            import threading
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, _exit_interrupted(prog))

@@ -319,9 +319,11 @@ def main_body(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    quiet_warnings(args.quiet)
-    return run_cli(PROG, lambda: main_body(args))
+    def body() -> int:   # parsing and the torch import inside run_cli: Ctrl-C at any time is one line, exit 130
+        args = build_parser().parse_args(argv)
+        quiet_warnings(args.quiet)
+        return main_body(args)
+    return run_cli(PROG, body, command=argv is None)
 
 
 if __name__ == "__main__":

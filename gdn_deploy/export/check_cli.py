@@ -29,6 +29,10 @@ Plain Polygraphy works on the same files:
       --load-inputs OUT/prefill_inputs.json --load-outputs OUT/prefill_reference.json \\
       --trt-min-shapes ... --trt-opt-shapes ... --trt-max-shapes ...   (gdn-check sets the profile itself)
 
+Verdicts: PASS (exit 0), FAIL (exit 5), NOT CHECKED (exit 9: no runtime here could run a graph: a
+missing kernel). bf16 graphs run on onnxruntime's CPU provider with float32 arithmetic (bf16 weights and I/O). Before running anything, every file's size and sha256 and each graph's
+inputs/outputs are compared with gdn_model.json: a file that does not match is named, exit 3.
+
 examples:
   gdn-check out                       # check an export folder (made by gdn-export, possibly copied here)
   gdn-check out --from-model          # rebuild the reference from the model the folder was exported from
@@ -139,13 +143,18 @@ def _rewrite_reference(outdir: Path, meta: dict, graphs: Sequence[str], args, sa
     md.write_metadata(outdir, meta)
 
 
-def check_export_dir(outdir: Path, args: argparse.Namespace, say) -> bool:
+def check_export_dir(outdir: Path, args: argparse.Namespace, say) -> str:
+    """Check one export folder: its files against the sidecar, then every graph against its reference.
+    Returns the verdict: "PASS", "FAIL" or "NOT CHECKED" (no runtime here could run a graph)."""
     from . import metadata as md
+    from .integrity import verify_folder
     from .verify import check_folder
     meta = md.read_metadata(outdir)
+    n = verify_folder(outdir, meta, hashes=True, skip_references=args.from_model)
     src = meta.get("source", {})
     say(f"{outdir}: {meta['model']['kind']} exported from {src.get('model', '?')}"
         + (f" (layer {src['layer']})" if src.get("layer") is not None else "") + f", precision {meta['precision']}")
+    say(f"  files: {n} files and the graphs' inputs/outputs match {md.SIDECAR_NAME} (sizes, sha256)")
     graphs = list(meta["graphs"]) if not args.graphs else [g.strip() for g in args.graphs.split(",") if g.strip()]
     for g in graphs:
         if g not in meta["graphs"]:
@@ -157,7 +166,13 @@ def check_export_dir(outdir: Path, args: argparse.Namespace, say) -> bool:
         say(f"  TensorRT: skipped ({trt_note})")
     extra = {"tensorrt": _tensorrt_runtime(meta, lib)} if trt_ok else None
     checks = check_folder(outdir, meta, graphs, say=say, extra_runtimes=extra)
-    return all(c.ok for c in checks)
+    if not all(c.ok for c in checks):
+        return "FAIL"
+    unchecked = [g for g in graphs if not any(c.checked for c in checks if c.graph == g)]
+    if unchecked:
+        say(f"  NOT CHECKED: no runtime here could run {', '.join(unchecked)}")
+        return "NOT CHECKED"
+    return "PASS"
 
 
 def _looks_like_model(p: Path) -> bool:
@@ -187,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
         from .model_export import ExportOptions, export_model
         if args.from_model:
             raise UsageError("--from-model applies to an export folder, not to a MODEL")
+        if args.output:
+            from .outdir import check_output_dir
+            check_output_dir(args.output)        # before any work: a bad -o is exit 2 at once
         root = Path(args.output) if args.output else Path(tmp := tempfile.mkdtemp(prefix="gdn_check_"))
         targets = load_targets(args.target, layer=args.layer, allow_pickle=args.allow_pickle)
         graphs = parse_graphs(args.graphs or "prefill,decode")
@@ -195,15 +213,19 @@ def run(args: argparse.Namespace) -> int:
             say(f"exporting {args.target} -> {d}")
             export_model(t, d, ExportOptions(precision=args.precision, graphs=graphs, verify=False))
             dirs.append(d)
-    ok = all([check_export_dir(d, args, say) for d in dirs])
-    print(f"gdn-check: {'PASS' if ok else 'FAIL'}" + (f" (files in {tmp})" if tmp else ""), flush=True)
-    return ExitCode.OK if ok else ExitCode.MISMATCH
+    verdicts = [check_export_dir(d, args, say) for d in dirs]
+    verdict = next((v for v in ("FAIL", "NOT CHECKED") if v in verdicts), "PASS")
+    note = " (nothing was compared: see the skipped lines above)" if verdict == "NOT CHECKED" else ""
+    print(f"gdn-check: {verdict}{note}" + (f" (files in {tmp})" if tmp else ""), flush=True)
+    return {"PASS": ExitCode.OK, "FAIL": ExitCode.MISMATCH, "NOT CHECKED": ExitCode.NOT_CHECKED}[verdict]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    quiet_warnings(args.quiet)
-    return run_cli("gdn-check", lambda: run(args))
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        quiet_warnings(args.quiet)
+        return run(args)
+    return run_cli("gdn-check", body, command=argv is None)
 
 
 __all__ = ["main", "build_parser", "run", "check_export_dir"]

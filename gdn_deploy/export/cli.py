@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 from ..errors import EXIT_CODES_HELP, ExitCode, UsageError, quiet_warnings, run_cli
@@ -30,7 +29,12 @@ onnxruntime (the gdn nodes carry function bodies), their TensorRT-ready copies p
 names, shapes, dtypes, state tensors, TensorRT optimisation profiles) that gdn-build and gdn-check read, and per graph <graph>_inputs.json / <graph>_reference.json: a small
 random feed and the model's float32 PyTorch outputs on it (Polygraphy's formats). The export is
 then checked exactly as `gdn-check OUTDIR` checks it: onnxruntime against that float32
-reference, with the tolerance of the precision (gdn_model.json says which).
+reference, with the tolerance of the precision (gdn_model.json says which). bf16 graphs run on
+onnxruntime's CPU provider with float32 arithmetic (it has no bf16 kernels; the check says so).
+Where no runtime here could run a graph, the export says "not checked" and exits 9. gdn_model.json records the size and sha256 of every file of
+the folder. OUTDIR is checked before any work (new, empty or an earlier export); the files are
+written into .OUTDIR.partial-XXXX beside it and moved into place when complete, so an earlier
+export is replaced only by a complete one.
 
 examples:
   gdn-export                                   # tiny default model -> ./gdn_onnx
@@ -119,6 +123,7 @@ def parse_graphs(text: str) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from .loading import load_targets
     from .model_export import ExportOptions, export_model
+    from .outdir import check_output_dir
     say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     if args.max_tokens < 1 or args.max_seqs < 1 or args.max_context < 1:
         raise UsageError("--max-tokens, --max-seqs and --max-context must be >= 1")
@@ -133,10 +138,10 @@ def run(args: argparse.Namespace) -> int:
                          interop=args.interop, gdn_body=args.gdn_body, max_tokens=args.max_tokens,
                          max_seqs=args.max_seqs, verify=not args.no_verify, max_context=args.max_context,
                          all_logits=args.all_logits)
+    root = check_output_dir(args.output, container=args.blocks)   # before any work: a bad -o is exit 2 at once
     t0 = time.perf_counter()
     say(f"loading {args.model}")
     targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle, blocks=args.blocks)
-    root = Path(args.output)
     written = []
     for t in targets:
         layer = t.source.get("layer")
@@ -155,9 +160,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    quiet_warnings(args.quiet)
-    return run_cli("gdn-export", lambda: run(args))
+    def body() -> int:   # parsing and the torch import inside run_cli: Ctrl-C at any time is one line, exit 130
+        args = build_parser().parse_args(argv)
+        quiet_warnings(args.quiet)
+        return run(args)
+    return run_cli("gdn-export", body, command=argv is None)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ the model came from, and suggested TensorRT optimisation profiles::
      "dims": {"T": "packed prefill tokens", ...},
      "profiles": {"prefill": {"input_ids": {"min": [1], "opt": [2048], "max": [8192]}, ...}, "decode": {...}},
      "source": {"model": "default" | path relative to this folder, "layer": null, ...}, "opset": 18,
-     "interop": null, "gdn_body": "chunked", "config_hash": sha256 of the model's kind + config}
+     "interop": null, "gdn_body": "chunked", "config_hash": sha256 of the model's kind + config,
+     "files": {"prefill.onnx": {"sha256": ..., "bytes": ...}, ...}, "sidecar_sha256": ...}
 
 Shapes are lists of ints and dim symbols: ``T`` (packed prefill tokens), ``N`` (prefill
 sequences; ``N+1`` for cu_seqlens), ``B`` (decode batch), ``P`` (state pool rows), ``S`` (KV-cache
@@ -27,17 +28,24 @@ capacity of a whole hybrid model's decode graph). A whole hybrid model (``kind: 
 TensorRT-ready copy (bodies removed, every gdn node marked for the plugins), absent when the graph has no gdn
 nodes (``--interop`` exports).
 ``gdn_body`` is the prefill function body onnxruntime runs ("chunked" or "token"; null with ``--interop``).
+``files`` binds the folder together: sha256 and size of every other file in the folder when the sidecar was written
+(graphs, external data, TensorRT copies, reference files, tokenizer), and ``sidecar_sha256`` is the sha256 of the
+sidecar's own canonical JSON without that key, so an edited sidecar is noticed (:mod:`.integrity` checks both).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import LoadError, UsageError
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "SIDECAR_NAME", "DIM_DOCS", "MetadataError", "NotAnExport", "eval_dim",
-           "suggest_profiles", "build_metadata", "write_metadata", "read_metadata", "find_sidecar"]
+           "suggest_profiles", "build_metadata", "write_metadata", "read_metadata", "find_sidecar", "file_digest",
+           "folder_files", "sidecar_digest"]
 
 FORMAT = "gdn-deploy.model-export"
 FORMAT_VERSION = 2
@@ -131,10 +139,45 @@ def build_metadata(*, kind: str, config: Mapping[str, Any], heads: Mapping[str, 
     }
 
 
-def write_metadata(outdir: str | Path, meta: Mapping[str, Any]) -> Path:
-    path = Path(outdir) / SIDECAR_NAME
-    path.write_text(json.dumps(meta, indent=2) + "\n")
-    return path
+def file_digest(path: str | Path) -> dict[str, Any]:
+    """{"sha256", "bytes"} of a file (read in 8 MiB pieces)."""
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+            n += len(chunk)
+    return {"sha256": h.hexdigest(), "bytes": n}
+
+
+def folder_files(outdir: str | Path) -> dict[str, dict[str, Any]]:
+    """``files`` of a sidecar: every regular file directly in ``outdir`` except the sidecar and hidden files."""
+    d = Path(outdir)
+    return {p.name: file_digest(p) for p in sorted(d.iterdir())
+            if p.is_file() and p.name != SIDECAR_NAME and not p.name.startswith(".")}
+
+
+def sidecar_digest(meta: Mapping[str, Any]) -> str:
+    """sha256 of the sidecar's canonical JSON without its ``sidecar_sha256`` key."""
+    body = {k: v for k, v in meta.items() if k != "sidecar_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_metadata(outdir: str | Path, meta: dict[str, Any]) -> Path:
+    """Write the sidecar last: set ``meta["files"]`` (digests of every file now in the folder) and
+    ``meta["sidecar_sha256"]``, then write ``gdn_model.json`` atomically (a temporary file moved into place)."""
+    d = Path(outdir)
+    meta["files"] = folder_files(d)
+    meta["sidecar_sha256"] = sidecar_digest(meta)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{SIDECAR_NAME}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, d / SIDECAR_NAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return d / SIDECAR_NAME
 
 
 def find_sidecar(path: str | Path) -> Path | None:

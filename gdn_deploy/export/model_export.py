@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ExportFailure, GdnError, MismatchError, UsageError, first_line
+from ..errors import ExportFailure, GdnError, MismatchError, NotChecked, UsageError, first_line
 from ..onnx_nodes import write_tensorrt_onnx
 from ..spec import SPEC
 from . import metadata as md
 from .graphs import GRAPHS, GraphPlan, example_feed, graph_plan
+from .outdir import check_output_dir, staged_output
 from .targets import DTYPE_NAMES, PRECISIONS, ExportTarget, cast_target
 from .verify import check_folder, reference_feed, reference_outputs, write_reference
 
@@ -139,9 +140,12 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
                  log: Callable[[str], None] = lambda s: None) -> ExportResult:
     """Export the graphs of ``opts.graphs`` into ``outdir``, write ``gdn_model.json`` and the check files.
 
-    ``target`` is cast to ``opts.precision`` first. With ``opts.verify`` the folder is then checked
-    exactly as ``gdn-check OUTDIR`` does (onnxruntime against the stored float32 reference); a
-    mismatch raises :class:`~gdn_deploy.errors.MismatchError` after the files are written.
+    ``outdir`` is checked first (:func:`.outdir.check_output_dir`: new, empty or an earlier export); the files are
+    written into a temporary sibling folder, the sidecar last, and moved into place at the end (an earlier export
+    is replaced only then; an error or Ctrl-C leaves it as it was). ``target`` is cast to ``opts.precision`` first.
+    With ``opts.verify`` the folder is then checked exactly as ``gdn-check OUTDIR`` does (onnxruntime against the
+    stored float32 reference); a mismatch raises :class:`~gdn_deploy.errors.MismatchError` and a check no runtime
+    here could run :class:`~gdn_deploy.errors.NotChecked`, both after the files are in place.
     """
     opts = opts or ExportOptions()
     for g in opts.graphs:
@@ -150,18 +154,35 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
     if target.kind == "hybrid" and opts.interop:
         raise UsageError(f"--interop {opts.interop}: LinearAttention replaces the gdn ops of pure-GDN models and "
                          "blocks only; export this hybrid model without --interop")
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = check_output_dir(outdir)
+    with staged_output(outdir) as work:
+        meta, verdict = _export_into(work, outdir, target, opts, log)
+    result = ExportResult(outdir, [outdir / n for n in meta["files"]] + [outdir / md.SIDECAR_NAME], meta)
+    if verdict is not None:
+        checks, bad, unchecked = verdict
+        result.verification = {c.graph: c.rows for c in checks}
+        if bad:
+            raise MismatchError(f"onnxruntime differs from the float32 PyTorch reference beyond the {opts.precision} "
+                                f"tolerance in {', '.join(bad)} (files kept in {outdir})")
+        if unchecked:
+            raise NotChecked(f"{outdir}: written but not checked: {unchecked[0]}")
+    return result
+
+
+def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOptions,
+                 log: Callable[[str], None]):
+    """Export into the staging folder ``work`` (moved to ``outdir`` afterwards); the sidecar is written last.
+    Returns the sidecar and, with ``opts.verify``, (checks, failed outputs, reasons graphs went unchecked)."""
     tgt = cast_target(target, opts.precision)
     tgt.all_logits = tgt.all_logits or opts.all_logits
     if not opts.external_data and _weight_bytes(tgt) > EXTERNAL_DATA_BYTES:
         log(f"  weights {_weight_bytes(tgt) / 1e9:.2f} GB: saved as external data (<graph>.onnx.data)")
         opts = replace(opts, external_data=True)
-    plans, files, opsets, trt_files = {}, [], set(), {}
+    plans, opsets, trt_files = {}, set(), {}
     for g in opts.graphs:
         plan = graph_plan(tgt, g)
-        path = outdir / plan.file
-        log(f"exporting graph {g} -> {path}")
+        path = work / plan.file
+        log(f"exporting graph {g} -> {outdir / plan.file}")
         t0 = time.perf_counter()
         try:
             opsets.add(_export_graph(plan, tgt, path, opts))
@@ -171,17 +192,15 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
             raise ExportFailure(f"exporting {g} failed: {type(e).__name__}: {first_line(e)}") from e
         log(f"  {g}: {path.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.1f} s")
         trt_files[g] = write_tensorrt_onnx(path)   # <g>.trt.onnx for TensorRT; None without gdn nodes (interop)
-        plans[g], files = plan, files + [path] + [f for f in [trt_files[g], path.with_name(path.name + ".data")]
-                                                  if f and f.is_file()]
+        plans[g] = plan
     act = DTYPE_NAMES[tgt.dtype]
     graphs = {g: {"file": p.file, "tensorrt_file": trt_files[g].name if trt_files[g] else None,
                   "inputs": p.inputs, "outputs": p.outputs} for g, p in plans.items()}
     tol = SPEC.check_tolerance(act)
     for g in plans:
         feed = reference_feed(tgt, g, interop=opts.interop)
-        entry = write_reference(outdir, g, feed, reference_outputs(tgt, g, feed))
+        entry = write_reference(work, g, feed, reference_outputs(tgt, g, feed))
         graphs[g]["check"] = {**entry, "tolerance": tol}
-        files += [outdir / entry["inputs"], outdir / entry["reference"]]
     log(f"  reference feeds and float32 PyTorch outputs: {', '.join(graphs[g]['check']['reference'] for g in plans)}")
     meta = md.build_metadata(
         kind=tgt.kind, config=tgt.config.to_dict(), heads=tgt.heads(), num_gdn_layers=len(tgt.blocks),
@@ -191,21 +210,18 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
         gdn_body=None if opts.interop else opts.gdn_body, max_context=opts.max_context)
     if tgt.kind == "hybrid":
         from .hybrid_export import hybrid_metadata
-        meta = hybrid_metadata(meta, tgt, outdir, log)
+        meta = hybrid_metadata(meta, tgt, work, log)
     if opts.interop:
         meta["limits"] = {"equal_length_prefill": True,
                           "why": "--interop LinearAttention has no varlen: prefill sequences must have equal lengths"}
         log("  note: this --interop export takes prefill batches of equal-length sequences only "
             "(runners refuse ragged ones: gdn_deploy.export.interop.require_equal_lengths)")
     log(f"writing {outdir / md.SIDECAR_NAME}")
-    files.append(md.write_metadata(outdir, meta))
-    result = ExportResult(outdir, files, meta)
-    if opts.verify:
-        log("checking the files: onnxruntime against the float32 reference (what gdn-check runs)")
-        checks = check_folder(outdir, meta, say=log)
-        result.verification = {c.graph: c.rows for c in checks}
-        bad = [f"{c.graph}:{r['name']}" for c in checks for r in c.rows if not r["ok"]]
-        if bad:
-            raise MismatchError(f"onnxruntime differs from the float32 PyTorch reference beyond the {opts.precision} "
-                                f"tolerance in {', '.join(bad)} (files kept in {outdir})")
-    return result
+    md.write_metadata(work, meta)
+    if not opts.verify:
+        return meta, None
+    log("checking the files: onnxruntime against the float32 reference (what gdn-check runs)")
+    checks = check_folder(work, meta, say=log)
+    bad = [f"{c.graph}:{r['name']}" for c in checks for r in c.rows if not r["ok"]]
+    unchecked = [c.skipped for c in checks if c.skipped]
+    return meta, (checks, bad, unchecked)

@@ -99,7 +99,12 @@ class GraphCheck:
 
     @property
     def ok(self) -> bool:
+        """No output differs (a skipped check has none: see :attr:`checked`)."""
         return bool(self.skipped) or all(r["ok"] for r in self.rows)
+
+    @property
+    def checked(self) -> bool:
+        return not self.skipped
 
 
 def _say_rows(check: GraphCheck, say: Callable[[str], None]) -> None:
@@ -130,15 +135,21 @@ def check_folder(outdir: str | Path, meta: Mapping[str, Any], graphs: Sequence[s
         feed, ref = load_reference(outdir, g, info)
         path = outdir / info["file"]
         say(f"  {g} ({info['file']}): inputs {info['check']['inputs']}, float32 reference {info['check']['reference']}")
-        runtimes = {"onnxruntime": lambda graph, p, f: run_onnxruntime(p, f), **(extra_runtimes or {})}
+        ort_run, ort_note = lambda graph, p, f: run_onnxruntime(p, f), ""
+        if precision_dtype == "bfloat16":      # onnxruntime's CPU provider has no bf16 arithmetic kernels
+            from .bf16_cpu import cpu_session
+            ort_run = lambda graph, p, f: run_onnxruntime(cpu_session(p), f)  # noqa: E731
+            ort_note = " [bf16 weights and I/O, float32 arithmetic: see gdn_deploy/export/bf16_cpu.py]"
+        runtimes = {"onnxruntime": ort_run, **(extra_runtimes or {})}
         for name, run in runtimes.items():
-            say(f"   {name} vs PyTorch float32 (atol {tol['atol']:g}, rtol {tol['rtol']:g}, norm rel {tol['rel']:g})")
+            say(f"   {name} vs PyTorch float32 (atol {tol['atol']:g}, rtol {tol['rtol']:g}, norm rel {tol['rel']:g})"
+                + (ort_note if name == "onnxruntime" else ""))
             try:
                 got = run(g, path, feed)
             except Exception as e:  # noqa: BLE001
-                if name == "onnxruntime" and precision_dtype == "bfloat16" and "NOT_IMPLEMENTED" in str(e):
-                    c = GraphCheck(g, name, [], "onnxruntime's CPU provider has no bfloat16 kernel for part of this "
-                                   "graph; check bf16 exports with TensorRT (gdn-check on a TensorRT machine)")
+                if name == "onnxruntime" and precision_dtype != "float32" and "NOT_IMPLEMENTED" in str(e):
+                    c = GraphCheck(g, name, [], f"onnxruntime's CPU provider lacks a {precision_dtype} kernel of "
+                                   f"this graph ({first_line(e, 160)}); check it with gdn-check on a TensorRT machine")
                     _say_rows(c, say)
                     out.append(c)
                     continue

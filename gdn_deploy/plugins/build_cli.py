@@ -97,6 +97,13 @@ def load_jobs(export_dir: str | Path, graphs: Sequence[str] | None = None) -> li
         meta = read_metadata(d)          # the one reader of the sidecar (format, version, required keys)
     except MetadataError as e:
         raise BuildError(str(e), e.exit_code) from None
+    if "files" in meta:                  # gdn-export's folders: sizes, sidecar checksum, graph I/O (hand-made: none)
+        from ..errors import LoadError
+        from ..export.integrity import verify_folder
+        try:
+            verify_folder(d, meta, graphs=[g for g in graphs or meta["graphs"] if g in meta["graphs"]])
+        except LoadError as e:
+            raise BuildError(str(e), ExitCode.LOAD) from None
     gmap = meta.get("graphs")
     if not isinstance(gmap, dict) or not gmap:
         raise BuildError(f"{meta_path}: missing or empty 'graphs' (expected {{\"prefill\": {{\"file\": ...}}, ...}})",
@@ -251,7 +258,10 @@ def _record_trt_files(export_dir: Path, jobs: Sequence[GraphJob], say) -> None:
         if name and meta["graphs"][job.name].get("tensorrt_file") != name:
             meta["graphs"][job.name]["tensorrt_file"] = name
             changed = True
-    if changed:
+    if changed and "files" in meta:      # gdn-export's folders: the file list and checksum follow the change
+        from ..export.metadata import write_metadata
+        write_metadata(export_dir, meta)
+    elif changed:
         path.write_text(json.dumps(meta, indent=2) + "\n")
         say(f"recorded the TensorRT-ready files in {path}")
 
@@ -287,6 +297,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ..errors import run_cli
+    return run_cli("gdn-build", lambda: _main(argv), command=argv is None)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
 
     def say(msg: str) -> None:

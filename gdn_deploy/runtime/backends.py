@@ -70,13 +70,20 @@ class OnnxRuntimeBackend:
         import onnxruntime as ort
 
         from ..export.runtimes import onnxruntime_session
+        # onnxruntime's CPU provider has no bf16 arithmetic kernels: bf16 graphs run with float32 arithmetic there
+        bf16_cpu = folder.meta.get("dtypes", {}).get("activations") == "bfloat16" and \
+            set(providers) <= {"CPUExecutionProvider"}
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.sessions = {}
         for g in ("prefill", "decode"):
             try:
-                self.sessions[g] = onnxruntime_session(folder.graph_file(g), providers, opts)
+                if bf16_cpu:
+                    from ..export.bf16_cpu import cpu_session
+                    self.sessions[g] = cpu_session(folder.graph_file(g), opts)
+                else:
+                    self.sessions[g] = onnxruntime_session(folder.graph_file(g), providers, opts)
             except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
                 raise LoadError(f"{folder.graph_file(g)}: onnxruntime cannot load it: {first_line(e)}") from None
         self.device = torch.device("cpu")

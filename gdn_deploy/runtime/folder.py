@@ -31,7 +31,11 @@ class StateSpec:
 
 
 class ExportFolder:
-    """A gdn-export folder usable for generation (an LM or a whole hybrid model, both graphs present)."""
+    """A gdn-export folder usable for generation (an LM or a whole hybrid model, both graphs present).
+
+    Loading checks the folder against its sidecar (:func:`gdn_deploy.export.integrity.verify_folder`: the sidecar's
+    own checksum, every file's size, the prefill/decode graphs' inputs/outputs and the state list); ``gdn-check``
+    also compares every file's sha256."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -46,11 +50,8 @@ class ExportFolder:
         if missing:
             raise UsageError(f"{self.path}: has no {' or '.join(missing)} graph (exported with --graphs "
                              f"{','.join(self.meta['graphs'])}); re-export with --graphs prefill,decode")
-        absent = [self.meta["graphs"][g]["file"] for g in ("prefill", "decode")
-                  if not (self.path / self.meta["graphs"][g]["file"]).is_file()]
-        if absent:
-            raise LoadError(f"{self.path}: incomplete export: {', '.join(absent)} missing (re-export into an empty "
-                            "folder)")
+        from ..export.integrity import verify_folder
+        verify_folder(self.path, self.meta, graphs=("prefill", "decode"))   # sizes and graph I/O; gdn-check hashes
         self.interop = self.meta.get("interop")
         self.states = self._states()
 

@@ -107,9 +107,13 @@ def _corrupt_largest_weight(path: Path) -> str:
 
 
 def test_check_fails_on_a_corrupted_weight(export_dir, tmp_path, capsys):
+    from gdn_deploy.export.metadata import write_metadata
     bad = tmp_path / "bad"
     shutil.copytree(export_dir, bad)
     _corrupt_largest_weight(bad / "prefill.onnx")
+    assert check_main([str(bad), "--graphs", "prefill"]) == 3     # the file no longer is the one the export wrote
+    assert "prefill.onnx" in capsys.readouterr().err
+    write_metadata(bad, read_metadata(bad))     # a consistent folder with a wrong weight: the numbers catch it
     code = check_main([str(bad), "--graphs", "prefill"])
     out = capsys.readouterr().out
     assert code == 5, out
