@@ -1,6 +1,6 @@
 """Benchmark the gdn CUDA kernels side by side with FLA (fla-core) and plain PyTorch, in one run.
 
-  python benchmarks/bench_kernels.py [--out DIR] [--sections ceilings,decode,prefill] [--quick]
+  python benchmarks/bench_kernels.py [--out DIR] [--sections ceilings,decode,verify,prefill] [--quick]
 
 Measures the two ceilings first (device-to-device copy bandwidth counting bytes read + written;
 bf16 matmul TFLOP/s on random data), then:
@@ -8,6 +8,9 @@ bf16 matmul TFLOP/s on random data), then:
   V-tile and each forced tile; dense and pool-in-place), FLA fused_recurrent_gated_delta_rule, plain
   torch recurrence; timed as CUDA-graph replays over enough rotating buffer sets to defeat L2.
   Reports us/call, GB/s, fraction of copy bandwidth, speedup vs FLA.
+- verify (speculative decoding, Qwen3-Next shapes, T = 1, 2, 4, 8 draft tokens per sequence at B = 1, 8, 64, pool
+  slots): gdn::verify and the commit of all T tokens, as fractions of copy bandwidth over their byte floors
+  (verify: state read once + token I/O + factors; commit: state read + written + factors), beside decode at T = 1.
 - prefill (packed varlen): ours (when the prefill kernel is built), FLA chunk_gated_delta_rule with
   cu_seqlens; reports ms, fraction of the bandwidth floor and of matmul throughput, speedup vs FLA.
   Every case also times ours_prev (the scan the automatic choice picked before the context-parallel scan: the
@@ -316,6 +319,72 @@ def bench_decode(ceil: dict, quick: bool, kernels, fla_rec):
             torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------------------------------------ verify
+def verify_bytes(B, T, Hk, Hv, K, V):
+    """Bytes a verify of T tokens per sequence must move: the state read once, bf16 q/k/v/o, fp32 gates and the
+    fp32 commit factors (k [Hk,K], delta [Hv,V], g [Hv]) written."""
+    per_tok = 2 * Hk * K * 2 + 2 * Hv * V * 2 + 2 * Hv * 4 + (Hk * K + Hv * V + Hv) * 4
+    return B * (Hv * K * V * 4 + T * per_tok)
+
+
+def bench_verify(ceil: dict, quick: bool, kernels):
+    """gdn::verify (T draft tokens per sequence, pool slots) and the commit of all T, beside decode (T = 1)."""
+    if kernels is None:
+        return
+    from gdn_deploy.kernels import speculative as sp
+    Hk, Hv, K, V = 16, 32, 128, 128
+    attrs = dict(gate_mode=0, use_qk_l2norm=1, scale=0.0, l2norm_eps=1e-6)
+    for B in ([1, 8, 64] if not quick else [1, 64]):
+        for T in (1, 2, 4, 8):
+            nbytes = verify_bytes(B, T, Hk, Hv, K, V)
+            nsets = max(2, min(64, math.ceil(256e6 / (B * Hv * K * V * 4))))
+            sets = []
+            for i in range(nsets):
+                d = decode_inputs(B * T, Hk, Hv, K, V, seed=200 + i)
+                d["state"] = d["state"][:B].contiguous()
+                d["cu"] = torch.arange(0, B * T + 1, T, dtype=torch.int32, device="cuda")
+                d["slots"] = torch.arange(B, dtype=torch.int32, device="cuda")
+                d["o"] = torch.empty_like(d["v"])
+                d["ck"] = torch.empty(d["k"].shape, device="cuda")
+                d["cd"] = torch.empty(d["v"].shape, device="cuda")
+                d["cg"] = torch.empty(d["g"].shape, device="cuda")
+                d["acc"] = torch.full((B,), T, dtype=torch.int32, device="cuda")
+                sets.append(d)
+
+            def verify(d):
+                p = sp.verify_params(d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu"], d["state"], d["slots"],
+                                     None, None, d["o"], d["ck"], d["cd"], d["cg"], state_mode=1, **attrs)
+                return lambda: sp.launch_verify(kernels.LIB, p, d["q"].device)
+
+            def commit(d):
+                p = sp.commit_params(d["state"], d["ck"], d["cd"], d["cg"], d["cu"], d["acc"], d["slots"],
+                                     state_mode=1)
+                return lambda: sp.launch_commit(kernels.LIB, p, d["q"].device)
+
+            res = {"verify": time_graph([verify(d) for d in sets]), "commit": time_graph([commit(d) for d in sets])}
+            floors = {"verify": nbytes, "commit": B * (2 * Hv * K * V * 4 + T * (Hk * K + Hv * V + Hv) * 4)}
+            if T == 1:
+                L = kernels.launch
+
+                def dec(d):
+                    p = L.decode_params(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"], d["state"], d["o"],
+                                        d["slots"], state_mode=1, **attrs)
+                    return lambda: L.launch_decode(kernels.LIB, p, d["q"].device, 0)
+
+                res["decode"] = time_graph([dec(d) for d in sets])
+                floors["decode"] = decode_bytes(B, Hk, Hv, K, V)
+            case = f"qwen3next B={B} T={T}"
+            for impl, ms in res.items():
+                gbps = floors[impl] / (ms * 1e-3) / 1e9
+                ROWS.append(dict(section="verify", case=case, impl=impl, ms=ms, us=ms * 1e3, GBps=gbps,
+                                 frac_copy_bw=gbps / ceil["copy_GBps"], bytes=floors[impl], rotating_sets=nsets))
+            log(f"[verify {case}] " + "  ".join(
+                f"{i}={ms * 1e3:.2f}us({floors[i] / (ms * 1e-3) / 1e9 / ceil['copy_GBps']:.2f}bw)"
+                for i, ms in res.items()))
+            del sets
+            torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------------------------ prefill
 def prefill_flops(T, Hv, K, V, C=64):
     return 2.0 * T * Hv * (2 * C * K + C * (K + V) + C * V + 3 * K * V)
@@ -459,7 +528,7 @@ def write(out: Path, meta: dict):
 def summary():
     log("\n=== summary ===")
     for r in ROWS:
-        if r["section"] == "decode":
+        if r["section"] in ("decode", "verify"):
             log(f"decode  {r['case']:<22} {r['impl']:<10} {r['us']:8.2f} us  {r['frac_copy_bw']:.2f} of copy BW"
                 + (f"  x{r['speedup_vs_fla']:.2f} vs FLA" if "speedup_vs_fla" in r else "")
                 + (f"  (kernel alone {r['kernel_us']:.2f} us)" if "kernel_us" in r else ""))
@@ -499,6 +568,8 @@ def main(argv=None):
     try:
         if "decode" in sections:
             bench_decode(ceil, a.quick, kernels, fla_rec)
+        if "verify" in sections:
+            bench_verify(ceil, a.quick, kernels)
         if "prefill" in sections:
             bench_prefill(ceil, a.quick, kernels, fla_chunk, a.cases,
                           tuple(int(x) for x in a.cp_segments.split(",") if x and int(x) > 0))

@@ -6,8 +6,9 @@
 - ``gdn::verify``       GatedDeltaVerify: <= 16 tokens per sequence from a state it only reads -> (o, commit factors)
 - ``gdn::commit`` / ``gdn::commit_``  GatedDeltaCommit: replay the accepted factors -> new state / in place
 
-Verify and commit have no CUDA kernels yet: on CUDA tensors they raise NotImplementedError (the reference
-would read counts and offsets on the host every step); docs/speculative.md.
+Verify and commit run the CUDA kernels of :mod:`gdn_deploy.kernels.speculative` on CUDA tensors when the kernel
+library is available; otherwise they raise NotImplementedError there (the reference would read counts and offsets
+on the host every step); docs/speculative.md.
 
 The default implementation (every device) is the PyTorch reference of
 :mod:`gdn_deploy.reference`; importing this module calls :func:`gdn_deploy.kernels.register`,
@@ -162,8 +163,9 @@ def _(state, commit_k, commit_delta, commit_g, cu_seqlens, accepted, slots=None,
 
 def _no_cuda_kernel(name: str):
     def raise_(*args, **kwargs):
-        raise NotImplementedError(f"gdn::{name} has no CUDA kernel yet (CPU reference only; docs/speculative.md): "
-                                  "run speculative decoding on the CPU or use plain decode on the GPU")
+        raise NotImplementedError(f"gdn::{name}: the CUDA kernel library is not available "
+                                  f"({_kernels.status().reason}; docs/speculative.md): build it with "
+                                  "scripts/build_kernels.sh, or run speculative decoding on the CPU")
     return raise_
 
 

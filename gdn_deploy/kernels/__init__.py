@@ -2,7 +2,7 @@
 
 :func:`register` loads the library (``GDN_KERNELS_LIB``, else ``build/plugins_cpp/kernels/
 libgdn_kernels.so`` under the repository, else next to this package) and registers CUDA kernels
-for ``gdn::decode``, ``gdn::decode_pool_`` and, when the library was built with the prefill kernel,
+for ``gdn::decode``, ``gdn::decode_pool_``, ``gdn::verify``, ``gdn::commit``, ``gdn::commit_`` (:mod:`.speculative`) and, when the library was built with the prefill kernel,
 ``gdn::prefill``. :mod:`gdn_deploy.ops` calls it once after defining the ops; on a machine without
 a CUDA device or without a built library the ops keep the PyTorch reference for every device.
 A library that exists but cannot be used (wrong struct layout, missing symbols, not loadable) is
@@ -106,6 +106,10 @@ def register() -> KernelStatus:
     torch.library.register_kernel("gdn::decode_pool_", "cuda", _decode_pool_cuda)
     if HAS_PREFILL:
         torch.library.register_kernel("gdn::prefill", "cuda", _prefill_cuda)
+    from . import speculative  # (replaces the NotImplementedError stubs of gdn_deploy.ops)
+    for name, fn in zip(("verify", "commit", "commit_"),
+                        speculative.make_cuda_ops(LIB, _same_cuda_device, _c, _fallback)):
+        torch.library.register_kernel(f"gdn::{name}", "cuda", fn)
     _STATUS = KernelStatus(True, "", LIB_PATH, HAS_PREFILL)
     return _STATUS
 

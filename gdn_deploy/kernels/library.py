@@ -47,6 +47,25 @@ class GdnDecodeParams(ctypes.Structure):
     ]
 
 
+class GdnVerifyParams(ctypes.Structure):
+    _fields_ = [
+        ("T", _I), ("N", _I), ("P", _I), ("Hk", _I), ("Hv", _I), ("K", _I), ("V", _I),
+        ("ioType", _I), ("gateType", _I), ("gateMode", _I), ("useQkL2norm", _I), ("stateMode", _I),
+        ("scale", _F), ("l2normEps", _F),
+        ("q", _P), ("k", _P), ("v", _P), ("g", _P), ("beta", _P), ("cuSeqlens", _P), ("state", _P),
+        ("slots", _P), ("ALog", _P), ("dtBias", _P), ("o", _P), ("commitK", _P), ("commitDelta", _P),
+        ("commitG", _P),
+    ]
+
+
+class GdnCommitParams(ctypes.Structure):
+    _fields_ = [
+        ("T", _I), ("N", _I), ("P", _I), ("Hk", _I), ("Hv", _I), ("K", _I), ("V", _I), ("stateMode", _I),
+        ("commitK", _P), ("commitDelta", _P), ("commitG", _P), ("cuSeqlens", _P), ("accepted", _P),
+        ("slots", _P), ("state", _P),
+    ]
+
+
 def candidate_paths() -> list[Path]:
     """Where the library is looked for, in order."""
     out: list[Path] = []
@@ -75,6 +94,7 @@ def _struct_layout(cls: type[ctypes.Structure]) -> list[int]:
 
 
 _PP, _PD = ctypes.POINTER(GdnPrefillParams), ctypes.POINTER(GdnDecodeParams)
+_PV, _PC = ctypes.POINTER(GdnVerifyParams), ctypes.POINTER(GdnCommitParams)
 # The product's entry points (gdnKernels.h and its extern "C" wrappers), stable across builds.
 CORE_SIGNATURES = {
     "gdnDecodeLaunchC": (ctypes.c_int, [_PD, ctypes.c_void_p]),
@@ -86,6 +106,13 @@ CORE_SIGNATURES = {
     "gdnCudaErrorNameC": (ctypes.c_char_p, [ctypes.c_int]),
     "gdnCudaErrorStringC": (ctypes.c_char_p, [ctypes.c_int]),
     "gdnParamsLayoutC": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]),
+}
+# Speculative decoding (gdnVerify.cu): not in CORE_SIGNATURES so that an older build still loads with core_only.
+SPECULATIVE_SIGNATURES = {
+    "gdnVerifyLaunchC": (ctypes.c_int, [_PV, ctypes.c_void_p]),
+    "gdnVerifySupportsC": (ctypes.c_char_p, [_PV]),
+    "gdnCommitLaunchC": (ctypes.c_int, [_PC, ctypes.c_void_p]),
+    "gdnCommitSupportsC": (ctypes.c_char_p, [_PC]),
 }
 # Forced configurations for tests and benchmarks (gdnKernelsCApi.cpp): decode V-tile, prefill scan by code,
 # context-parallel segments.
@@ -105,9 +132,13 @@ def _declare(lib: ctypes.CDLL, sigs: dict) -> None:
         fn.restype, fn.argtypes = res, args
 
 
-def check_layout(lib: ctypes.CDLL) -> None:
-    """Raise ImportError when a ctypes mirror differs from the C++ struct layout."""
-    for which, cls in ((0, GdnPrefillParams), (1, GdnDecodeParams)):
+def check_layout(lib: ctypes.CDLL, *, speculative: bool = True) -> None:
+    """Raise ImportError when a ctypes mirror differs from the C++ struct layout (``speculative``: the verify and
+    commit params too)."""
+    structs = [(0, GdnPrefillParams), (1, GdnDecodeParams)]
+    if speculative:
+        structs += [(2, GdnVerifyParams), (3, GdnCommitParams)]
+    for which, cls in structs:
         buf = (ctypes.c_size_t * 64)()
         n = lib.gdnParamsLayoutC(which, buf, 64)
         got = list(buf[:n])
@@ -129,10 +160,11 @@ def load_library(path: Optional[Path] = None, *, core_only: bool = False) -> cty
                           f"scripts/build_kernels.sh or set {ENV_VAR}")
     try:
         lib = ctypes.CDLL(str(path))
-        _declare(lib, CORE_SIGNATURES if core_only else {**CORE_SIGNATURES, **TUNING_SIGNATURES})
+        _declare(lib, CORE_SIGNATURES if core_only
+                 else {**CORE_SIGNATURES, **SPECULATIVE_SIGNATURES, **TUNING_SIGNATURES})
     except (OSError, AttributeError) as e:
         raise ImportError(f"gdn_deploy.kernels: cannot load {path}: {e}") from e
-    check_layout(lib)
+    check_layout(lib, speculative=not core_only)
     return lib
 
 

@@ -273,7 +273,7 @@ def speculative_from_folder(folder, backend, prompts, max_new_tokens: int, eos_t
     if not isinstance(model, HybridLM):
         raise UsageError("--speculative needs a language model export")
     if model.embed_tokens.weight.device.type != "cpu":
-        raise UsageError("--speculative runs on the CPU for now (gdn::verify / gdn::commit have no CUDA kernels yet)")
+        raise UsageError("--speculative runs on the CPU for now (the speculative generation path has not been run on a GPU)")
     K = int(draft_tokens)
     if mode == "ngram":
         drafter = NgramDrafter()

@@ -49,6 +49,30 @@ extern "C"
         return static_cast<int>(gdn::launchGdnDecodeSupported(*p, static_cast<cudaStream_t>(stream), bv));
     }
 
+    int gdnVerifyLaunchC(gdn::GdnVerifyParams const* p, void* stream)
+    {
+        if (p == nullptr || gdn::gdnVerifySupports(*p)[0] != '\0')
+            return kUnsupported;
+        return static_cast<int>(gdn::launchGdnVerify(*p, static_cast<cudaStream_t>(stream)));
+    }
+
+    char const* gdnVerifySupportsC(gdn::GdnVerifyParams const* p)
+    {
+        return p == nullptr ? "verify: null params" : gdn::gdnVerifySupports(*p);
+    }
+
+    int gdnCommitLaunchC(gdn::GdnCommitParams const* p, void* stream)
+    {
+        if (p == nullptr || gdn::gdnCommitSupports(*p)[0] != '\0')
+            return kUnsupported;
+        return static_cast<int>(gdn::launchGdnCommit(*p, static_cast<cudaStream_t>(stream)));
+    }
+
+    char const* gdnCommitSupportsC(gdn::GdnCommitParams const* p)
+    {
+        return p == nullptr ? "commit: null params" : gdn::gdnCommitSupports(*p);
+    }
+
     int gdnKernelsHasPrefillC()
     {
         return GDN_HAVE_PREFILL;
@@ -165,7 +189,8 @@ extern "C"
     }
 
     // Byte layout of a params struct: out[0] = sizeof, out[1..] = offsetof of each field in
-    // declaration order. which: 0 = GdnPrefillParams, 1 = GdnDecodeParams. Returns the entries
+    // declaration order. which: 0 = GdnPrefillParams, 1 = GdnDecodeParams, 2 = GdnVerifyParams,
+    // 3 = GdnCommitParams. Returns the entries
     // written (or needed when cap is too small), -1 for an unknown `which`.
     int gdnParamsLayoutC(int which, size_t* out, int cap)
     {
@@ -183,10 +208,25 @@ extern "C"
             GDN_OFF(D, useQkL2norm), GDN_OFF(D, stateMode), GDN_OFF(D, scale), GDN_OFF(D, l2normEps),
             GDN_OFF(D, q), GDN_OFF(D, k), GDN_OFF(D, v), GDN_OFF(D, g), GDN_OFF(D, beta), GDN_OFF(D, stateIn),
             GDN_OFF(D, stateOut), GDN_OFF(D, slots), GDN_OFF(D, ALog), GDN_OFF(D, dtBias), GDN_OFF(D, o)};
+        using Vp = gdn::GdnVerifyParams;
+        using Cp = gdn::GdnCommitParams;
+        size_t const verify[] = {sizeof(Vp), GDN_OFF(Vp, T), GDN_OFF(Vp, N), GDN_OFF(Vp, P), GDN_OFF(Vp, Hk),
+            GDN_OFF(Vp, Hv), GDN_OFF(Vp, K), GDN_OFF(Vp, V), GDN_OFF(Vp, ioType), GDN_OFF(Vp, gateType),
+            GDN_OFF(Vp, gateMode), GDN_OFF(Vp, useQkL2norm), GDN_OFF(Vp, stateMode), GDN_OFF(Vp, scale),
+            GDN_OFF(Vp, l2normEps), GDN_OFF(Vp, q), GDN_OFF(Vp, k), GDN_OFF(Vp, v), GDN_OFF(Vp, g), GDN_OFF(Vp, beta),
+            GDN_OFF(Vp, cuSeqlens), GDN_OFF(Vp, state), GDN_OFF(Vp, slots), GDN_OFF(Vp, ALog), GDN_OFF(Vp, dtBias),
+            GDN_OFF(Vp, o), GDN_OFF(Vp, commitK), GDN_OFF(Vp, commitDelta), GDN_OFF(Vp, commitG)};
+        size_t const commit[] = {sizeof(Cp), GDN_OFF(Cp, T), GDN_OFF(Cp, N), GDN_OFF(Cp, P), GDN_OFF(Cp, Hk),
+            GDN_OFF(Cp, Hv), GDN_OFF(Cp, K), GDN_OFF(Cp, V), GDN_OFF(Cp, stateMode), GDN_OFF(Cp, commitK),
+            GDN_OFF(Cp, commitDelta), GDN_OFF(Cp, commitG), GDN_OFF(Cp, cuSeqlens), GDN_OFF(Cp, accepted),
+            GDN_OFF(Cp, slots), GDN_OFF(Cp, state)};
 #undef GDN_OFF
-        size_t const* src = which == 0 ? prefill : which == 1 ? decode : nullptr;
-        int const n = which == 0 ? static_cast<int>(sizeof(prefill) / sizeof(size_t))
-                                 : static_cast<int>(sizeof(decode) / sizeof(size_t));
+        size_t const* const tables[] = {prefill, decode, verify, commit};
+        int const sizes[] = {static_cast<int>(sizeof(prefill) / sizeof(size_t)),
+            static_cast<int>(sizeof(decode) / sizeof(size_t)), static_cast<int>(sizeof(verify) / sizeof(size_t)),
+            static_cast<int>(sizeof(commit) / sizeof(size_t))};
+        size_t const* src = which >= 0 && which < 4 ? tables[which] : nullptr;
+        int const n = src == nullptr ? 0 : sizes[which];
         if (src == nullptr)
             return -1;
         for (int i = 0; i < n && i < cap && out != nullptr; ++i)
