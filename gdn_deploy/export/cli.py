@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                    else "check PASS (onnxruntime vs float32 PyTorch, the same check as gdn-check)" if opts.verify
                    else "check not run (--no-verify; gdn-check runs it)")
         refs = "" if res.metadata.get("not_checked") else " + reference files"
-        print(f"gdn-export: {res.outdir}: {onnx_files} (+ *.trt.onnx for TensorRT) weights.data gdn_model.json{refs}; "
+        print(f"gdn-export: {res.outdir}: {onnx_files} (+ *.trt.onnx for TensorRT) gdn_model.json{refs}; "
               f"{verdict}")
     print(f"gdn-export: done in {time.perf_counter() - t0:.1f} s")
     return ExitCode.OK
