@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow a .pt holding a whole pickled module. UNSAFE for untrusted files: "
                         "unpickling runs arbitrary code")
+    p.add_argument("--lazy-weights", choices=["auto", "on", "off"], default="auto",
+                   help="whole HF models: stream the weights from the checkpoint into weights.data one tensor at a "
+                        "time instead of loading the model (no float32 reference: NOT CHECKED); auto: when a "
+                        "float32 copy would not fit in half the available memory (default: auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the onnxruntime check of the written files (the reference files are written anyway)")
     p.add_argument("-q", "--quiet", action="store_true", help="only errors and the final summary")
@@ -141,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     root = check_output_dir(args.output, container=args.blocks)   # before any work: a bad -o is exit 2 at once
     t0 = time.perf_counter()
     say(f"loading {args.model}")
-    targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle, blocks=args.blocks)
+    targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle, blocks=args.blocks,
+                           lazy={"auto": None, "on": True, "off": False}[args.lazy_weights])
     written = []
     for t in targets:
         layer = t.source.get("layer")
@@ -151,10 +156,12 @@ def run(args: argparse.Namespace) -> int:
         written.append(res)
     for res in written:
         onnx_files = " ".join(g["file"] for g in res.metadata["graphs"].values())
-        verdict = ("check PASS (onnxruntime vs float32 PyTorch, the same check as gdn-check)" if opts.verify
+        verdict = (res.metadata["not_checked"] if res.metadata.get("not_checked")
+                   else "check PASS (onnxruntime vs float32 PyTorch, the same check as gdn-check)" if opts.verify
                    else "check not run (--no-verify; gdn-check runs it)")
-        print(f"gdn-export: {res.outdir}: {onnx_files} (+ *.trt.onnx for TensorRT) gdn_model.json + reference "
-              f"files; {verdict}")
+        refs = "" if res.metadata.get("not_checked") else " + reference files"
+        print(f"gdn-export: {res.outdir}: {onnx_files} (+ *.trt.onnx for TensorRT) gdn_model.json{refs}; "
+              f"{verdict}")
     print(f"gdn-export: done in {time.perf_counter() - t0:.1f} s")
     return ExitCode.OK
 

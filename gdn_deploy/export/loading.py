@@ -11,14 +11,15 @@ __all__ = ["load_targets"]
 
 
 def load_targets(model: str = "default", *, layer: int | None = None, allow_pickle: bool = False,
-                 blocks: bool = False) -> list[ExportTarget]:
+                 blocks: bool = False, lazy: bool | None = False) -> list[ExportTarget]:
     """Resolve a MODEL argument into export targets.
 
     ``default`` (the bundled tiny GDNLM), a gdn-deploy ``.pt`` / ``.safetensors`` checkpoint, a HF
     folder (config.json + safetensors: the whole causal LM, kind "hybrid"; with ``blocks`` one block
     target per GDN layer), or, only with ``allow_pickle``, a ``.pt`` holding a whole pickled
     GDNLM/GDNBlock (unsafe for untrusted files). ``layer`` picks one GDN layer (its block) of an LM
-    or HF folder.
+    or HF folder. ``lazy`` (whole HF models): read no weights now, stream them at export (lazy_export.py);
+    None: lazily when a float32 copy of the weights would exceed ``lazy_memory_limit()``.
     """
     from ..checkpoint import load_checkpoint
     if model == "default":
@@ -32,8 +33,17 @@ def load_targets(model: str = "default", *, layer: int | None = None, allow_pick
                              f"a Hugging Face model folder, or 'default')")
     if path.is_dir():
         from ..lm.hf_folder import load_hf_causal_lm
+        whole = layer is None and not blocks
+        if lazy is None:
+            from ..lm.hf_folder import hf_weight_files
+            from .lazy_export import lazy_memory_limit
+            try:
+                ckpt = sum(f.stat().st_size for f in set(hf_weight_files(path).values()))
+            except (ValueError, OSError):
+                ckpt = 0          # the load below reports the problem
+            lazy = 2 * ckpt > lazy_memory_limit()      # bf16 checkpoints: float32 is twice the files
         try:
-            lm = load_hf_causal_lm(path)
+            lm = load_hf_causal_lm(path, lazy=bool(lazy) and whole)
         except (ValueError, OSError, KeyError) as e:
             raise LoadError(f"cannot load the Hugging Face folder: {first_line(e)}") from e
         source = {**source, "format": "hf"}

@@ -22,11 +22,13 @@ from . import metadata as md
 from .graphs import GRAPHS, GraphPlan, example_feed, graph_plan
 from .outdir import check_output_dir, staged_output
 from .targets import DTYPE_NAMES, PRECISIONS, ExportTarget, cast_target
+from .lazy_export import NOT_CHECKED_LAZY, cast_lazy_target, is_lazy, lazy_initializers
+from .weights_file import share_weights
 from .verify import check_folder, reference_feed, reference_outputs, write_reference
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "config_hash", "EXTERNAL_DATA_BYTES"]
 
-EXTERNAL_DATA_BYTES = 1_500_000_000     # protobuf cannot hold 2 GB: bigger weights go to <graph>.onnx.data
+EXTERNAL_DATA_BYTES = 1_500_000_000     # protobuf cannot hold 2 GB: bigger weights leave the graph while exporting
 
 
 def _weight_bytes(target: ExportTarget) -> int:
@@ -43,7 +45,8 @@ class ExportOptions:
     max_tokens: int = 8192
     max_seqs: int = 64
     verify: bool = True
-    external_data: bool = False        # weights in <graph>.onnx.data; also chosen when the weights exceed 1.5 GB
+    external_data: bool = False        # graphs written with <graph>.onnx.data first (also above 1.5 GB); either
+                                       # way every graph ends up reading the folder's one weights.data
     max_context: int = 4096            # TensorRT profile: max KV-cache capacity S (hybrid models)
     all_logits: bool = False           # hybrid prefill returns every token's logits, not each sequence's last
 
@@ -89,9 +92,11 @@ def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: Expor
     kw: dict[str, Any] = {"interop": opts.interop, "gdn_body": opts.gdn_body}
     if opts.opset is not None:
         kw["opset"] = opts.opset
+    if is_lazy(target):     # weights streamed from the checkpoint (lazy_export.py)
+        kw["lazy_initializers"] = lazy_initializers(plan.module, target)
     onnx_ops.export_program(plan.module, tuple(feed.values()), str(path), kwargs=None, dynamic_shapes=dyn,
                             input_names=plan.input_names, output_names=plan.output_names,
-                            external_data=opts.external_data, **kw)
+                            external_data=opts.external_data or is_lazy(target), **kw)
     return _rename_dims(path, plan)
 
 
@@ -173,12 +178,13 @@ def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOpt
                  log: Callable[[str], None]):
     """Export into the staging folder ``work`` (moved to ``outdir`` afterwards); the sidecar is written last.
     Returns the sidecar and, with ``opts.verify``, (checks, failed outputs, reasons graphs went unchecked)."""
-    tgt = cast_target(target, opts.precision)
+    lazy = is_lazy(target)
+    tgt = cast_lazy_target(target, opts.precision) if lazy else cast_target(target, opts.precision)
     tgt.all_logits = tgt.all_logits or opts.all_logits
     if not opts.external_data and _weight_bytes(tgt) > EXTERNAL_DATA_BYTES:
-        log(f"  weights {_weight_bytes(tgt) / 1e9:.2f} GB: saved as external data (<graph>.onnx.data)")
+        log(f"  weights {_weight_bytes(tgt) / 1e9:.2f} GB: graphs written with external data")
         opts = replace(opts, external_data=True)
-    plans, opsets, trt_files = {}, set(), {}
+    plans, opsets, trt_files, graph_files = {}, set(), {}, []
     for g in opts.graphs:
         plan = graph_plan(tgt, g)
         path = work / plan.file
@@ -193,15 +199,23 @@ def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOpt
         log(f"  {g}: {path.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.1f} s")
         trt_files[g] = write_tensorrt_onnx(path)   # <g>.trt.onnx for TensorRT; None without gdn nodes (interop)
         plans[g] = plan
+        graph_files += [f for f in (path, trt_files[g]) if f]
+    shared = share_weights(work, graph_files, log=log)   # one weights file read by every graph
+    log(f"  weights: {shared.file_bytes / 1e6:.1f} MB in {shared.path.name} ({shared.unique_tensors} tensors) "
+        f"read by {len(shared.graphs)} graphs")
     act = DTYPE_NAMES[tgt.dtype]
     graphs = {g: {"file": p.file, "tensorrt_file": trt_files[g].name if trt_files[g] else None,
                   "inputs": p.inputs, "outputs": p.outputs} for g, p in plans.items()}
     tol = SPEC.check_tolerance(act)
-    for g in plans:
+    for g in plans if not lazy else ():
         feed = reference_feed(tgt, g, interop=opts.interop)
         entry = write_reference(work, g, feed, reference_outputs(tgt, g, feed))
         graphs[g]["check"] = {**entry, "tolerance": tol}
-    log(f"  reference feeds and float32 PyTorch outputs: {', '.join(graphs[g]['check']['reference'] for g in plans)}")
+    if lazy:
+        log(f"  {NOT_CHECKED_LAZY}")
+    else:
+        log(f"  reference feeds and float32 PyTorch outputs: "
+            f"{', '.join(graphs[g]['check']['reference'] for g in plans)}")
     meta = md.build_metadata(
         kind=tgt.kind, config=tgt.config.to_dict(), heads=tgt.heads(), num_gdn_layers=len(tgt.blocks),
         precision=opts.precision, dtypes={"weights": act, "activations": act, "states": "float32"},
@@ -216,10 +230,14 @@ def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOpt
                           "why": "--interop LinearAttention has no varlen: prefill sequences must have equal lengths"}
         log("  note: this --interop export takes prefill batches of equal-length sequences only "
             "(runners refuse ragged ones: gdn_deploy.export.interop.require_equal_lengths)")
+    if lazy:
+        meta["not_checked"] = NOT_CHECKED_LAZY
     log(f"writing {outdir / md.SIDECAR_NAME}")
     md.write_metadata(work, meta)
     if not opts.verify:
         return meta, None
+    if lazy:
+        return meta, ([], [], [NOT_CHECKED_LAZY])
     log("checking the files: onnxruntime against the float32 reference (what gdn-check runs)")
     checks = check_folder(work, meta, say=log)
     bad = [f"{c.graph}:{r['name']}" for c in checks for r in c.rows if not r["ok"]]

@@ -234,15 +234,20 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
                    dynamic_shapes=None, input_names: Sequence[str] | None = None,
                    output_names: Sequence[str] | None = None, opset: int = 20, external_data: bool = False,
                    interop: str | None = None, check_interop: bool = True, gdn_body: str = DEFAULT_BODY,
-                   extra_translations: dict[Callable, Callable] | None = None) -> onnx.ModelProto:
+                   extra_translations: dict[Callable, Callable] | None = None,
+                   lazy_initializers: dict[str, Callable[[], torch.Tensor]] | None = None) -> onnx.ModelProto:
     """Export ``module`` (an ``nn.Module`` or ``ExportedProgram``) calling gdn ops to ONNX and save it to ``path``.
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
     ``torch.onnx.export(dynamo=True, custom_translation_table=translation_table(interop))`` ->
     function bodies (interop None; ``gdn_body`` "chunked" or "token" picks the prefill body) ->
-    ``onnx.checker`` -> save (``external_data``: weights in ``<path>.data``). Returns the ModelProto (without external weights loaded when saved externally).
+    ``onnx.checker`` -> save (``external_data``: weights streamed to ``<path>.data`` one tensor at a time, never
+    held as a second in-memory copy). Returns the ModelProto (without external weights loaded when saved externally).
     With ``interop``, ``check_interop`` first runs ``module`` eagerly on ``args`` to check the
     interop limits (equal-length sequences) with a clear ValueError.
+    ``lazy_initializers`` (initializer name -> function returning its value; :mod:`.lazy_export`): the module
+    holds placeholders; the program is built unoptimized, those initializers then read their real values when
+    folded or saved (needs ``external_data`` and a ``path``).
     """
     if opset < MIN_OPSET:
         raise ValueError(f"opset: the gdn export needs ONNX opset >= {MIN_OPSET}, got {opset}")
@@ -272,15 +277,29 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     _check_pool_outputs(ep, functionalize_pool_updates(ep))
     table = translation_table(interop)
     table.update(extra_translations or {})
+    if lazy_initializers is not None and (path is None or not external_data):
+        raise ValueError("lazy_initializers: the weights are streamed to disk; pass a path and external_data=True")
     try:
         with _reuse_torchlib_registry():
             prog = torch.onnx.export(ep, args, kwargs=kwargs or None, dynamo=True, custom_translation_table=table,
                                      dynamic_shapes=dynamic_shapes, input_names=input_names,
                                      output_names=output_names, opset_version=opset,
-                                     verbose=False, optimize=True)
+                                     verbose=False, optimize=lazy_initializers is None)
+        if lazy_initializers is not None:
+            from .lazy_export import attach_lazy_initializers
+            attach_lazy_initializers(prog.model, lazy_initializers)
+            prog.optimize()              # constant folding now reads the real (small) values
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"gdn export: ONNX translation failed ({type(e).__name__}): {_short(e)}") from e
-    model = prog.model_proto
+    streamed = external_data and path is not None
+    if streamed:
+        # the weights go to <path>.data tensor by tensor, straight from the module's parameters (no in-memory
+        # ModelProto holding a second copy of every weight); the graph is then finished on the weight-less proto
+        path = os.fspath(path)
+        prog.save(path, external_data=True)
+        model = onnx.load(path, load_external_data=False)
+    else:
+        model = prog.model_proto
     if interop is None:
         add_function_bodies(model, gdn_body)
         stamp_plugin_attributes(model)     # TensorRT: node -> plugin (gdn namespace); onnxruntime ignores them
@@ -291,9 +310,8 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         onnx.checker.check_model(model, full_check=True)
         return model
     path = os.fspath(path)
-    if external_data:
-        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=os.path.basename(path) + ".data", size_threshold=1024)
+    if streamed:
+        onnx.save_model(model, path)       # keeps the external-data entries of <path>.data
         onnx.checker.check_model(path, full_check=True)
     else:
         onnx.checker.check_model(model, full_check=True)

@@ -28,7 +28,7 @@ from .hf_config import UnsupportedModelError, config_from_hf_dict
 from .model import HybridLM
 
 __all__ = ["CheckpointError", "UnsupportedModelError", "read_hf_config", "hf_weight_files", "load_hf_causal_lm",
-           "hf_state_dict_to_model"]
+           "hf_state_dict_to_model", "LazyWeights"]
 
 
 class CheckpointError(ValueError):
@@ -159,6 +159,79 @@ def hf_state_dict_to_model(config: HybridConfig, sd: dict[str, torch.Tensor]) ->
     return out
 
 
+def _model_name(config: HybridConfig, key: str) -> Optional[str]:
+    """The HybridLM parameter a checkpoint key ends up in (see :func:`hf_state_dict_to_model`), None if skipped."""
+    k = _model_key(key)
+    if k is None:
+        return None
+    if config.family == "olmo_hybrid":
+        k = k.replace(".attention_layer_norm.", ".input_layernorm.")
+        k = k.replace(".feedforward_layer_norm.", ".post_attention_layernorm.")
+        m = _OLMO_CONV.match(k)
+        if m:
+            return f"{m.group(1)}.conv1d.{m.group(3)}"
+    m = _EXPERT.match(k)
+    if m:
+        return f"{m.group(1)}.{'down_proj' if m.group(3) == 'down_proj' else 'gate_up_proj'}"
+    return k
+
+
+class LazyWeights:
+    """HybridLM parameters read on demand from a checkpoint folder, one at a time (safetensors ``safe_open``).
+
+    ``load(name, dtype)`` reads the checkpoint keys that make up parameter ``name`` (one key, or the experts /
+    OLMo convs it stacks or concatenates, exactly as :func:`hf_state_dict_to_model` does) and casts the result.
+    Peak memory is one parameter. A second weight group (e.g. ``mtp.*``) can be served by another instance built
+    from its own key -> name map."""
+
+    def __init__(self, config: HybridConfig, files: dict[str, Path], keys_of: dict[str, list[str]],
+                 aliases: Optional[dict[str, str]] = None):
+        self.config, self.files, self.keys_of = config, files, keys_of
+        self.aliases = dict(aliases or {})          # model name -> the name it is read as (tied lm_head)
+
+    def names(self) -> list[str]:
+        return sorted(set(self.keys_of) | set(self.aliases))
+
+    def load(self, name: str, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        src = self.aliases.get(name, name)
+        keys = self.keys_of[src]
+        if src.endswith((".experts.gate_up_proj", ".experts.down_proj")):   # per-expert keys: stacked together
+            prefix = src.rsplit(".", 1)[0]
+            keys = self.keys_of.get(prefix + ".gate_up_proj", []) + self.keys_of.get(prefix + ".down_proj", [])
+        out = hf_state_dict_to_model(self.config, _read_tensors(self.files, keys))
+        t = out[src]
+        return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+
+def _header_tensors(files: dict[str, Path], keys: list[str]) -> dict[str, torch.Tensor]:
+    """Meta tensors with the shape and dtype of checkpoint keys, from the safetensors headers (no data read)."""
+    from safetensors import safe_open
+    by_file: dict[Path, list[str]] = {}
+    for k in keys:
+        by_file.setdefault(files[k], []).append(k)
+    out = {}
+    for f, ks in by_file.items():
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                have = set(fh.keys())
+                absent = [k for k in ks if k not in have]
+                if absent:
+                    raise CheckpointError(f"{f}: tensor(s) {absent[:3]} listed in the index are not in this shard")
+                for k in ks:
+                    sl = fh.get_slice(k)
+                    out[k] = torch.empty(sl.get_shape(), dtype=_ST_DTYPES[sl.get_dtype()], device="meta")
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f"{f}: cannot read ({e})") from e
+    return out
+
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
 def _check_layer_kinds(config: HybridConfig, sd: dict, where: str) -> None:
     found: dict[int, set[str]] = {}
     for k in sd:
@@ -179,25 +252,32 @@ def _check_layer_kinds(config: HybridConfig, sd: dict, where: str) -> None:
                                   f"{held} block for it; fix layer_types or use the matching weights")
 
 
-def load_hf_causal_lm(folder: str | Path, *, dtype: Optional[torch.dtype] = None) -> HybridLM:
+def load_hf_causal_lm(folder: str | Path, *, dtype: Optional[torch.dtype] = None, lazy: bool = False) -> HybridLM:
     """The HybridLM of a HF folder, on the CPU, in the checkpoint's dtypes (or all floating weights in ``dtype``).
+
+    ``lazy``: no weight is read; every parameter is a zero-size placeholder (a stride-0 view of one zero, of the
+    right shape and dtype: enough to trace the model, not to run it) and ``model.lazy_weights`` (a
+    :class:`LazyWeights`) reads the real values one parameter at a time (the export streams them to disk).
 
     Raises UnsupportedModelError (architecture / feature not supported) or CheckpointError (files missing,
     unreadable or not matching config.json), each with one line naming the file and the problem."""
     config, _ = read_hf_config(folder)
     files = hf_weight_files(folder)
     keys = [k for k in files if _model_key(k) is not None]
-    model_sd = hf_state_dict_to_model(config, _read_tensors(files, keys))
+    read = _header_tensors if lazy else _read_tensors
+    model_sd = hf_state_dict_to_model(config, read(files, keys))
     where = str(Path(folder))
     _check_layer_kinds(config, model_sd, where)
     if config.gdn is not None and any(k.endswith("linear_attn.conv1d.bias") for k in model_sd):
         config.gdn.conv_bias = True      # a GDN conv bias (OLMo-core checkpoints); every GDN layer must have one
+    aliases: dict[str, str] = {}
     if config.tie_word_embeddings and "lm_head.weight" in model_sd:
         head = model_sd.pop("lm_head.weight")
         emb = model_sd.get("embed_tokens.weight")
         if emb is None:
             model_sd["embed_tokens.weight"] = head
-        elif not torch.equal(head, emb):            # transformers does not tie differing weights either
+            aliases = {"embed_tokens.weight": "lm_head.weight"}
+        elif not _same_values(head, emb, files, config):   # transformers does not tie differing weights either
             config.tie_word_embeddings = False
             config.notes.append("tie_word_embeddings is set but lm_head.weight differs from the embeddings: "
                                 "kept separate, as transformers does")
@@ -219,7 +299,26 @@ def load_hf_causal_lm(folder: str | Path, *, dtype: Optional[torch.dtype] = None
            if tuple(model_sd[k].shape) != tuple(own[k].shape)]
     if bad:
         raise CheckpointError(f"{where}: weight shapes do not match config.json: {'; '.join(bad[:3])}")
+    if lazy:
+        keys_of: dict[str, list[str]] = {}
+        for k in keys:
+            keys_of.setdefault(_model_name(config, k), []).append(k)
+        placeholders = {k: torch.zeros((), dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype)
+                        .expand(v.shape) for k, v in model_sd.items()}
+        model.load_state_dict(placeholders, strict=True, assign=True)
+        model.lazy_weights = LazyWeights(config, files, keys_of, aliases)
+        return model.eval()
     if dtype is not None:
         model_sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model_sd.items()}
     model.load_state_dict(model_sd, strict=True, assign=True)
     return model.eval()
+
+
+def _same_values(head: torch.Tensor, emb: torch.Tensor, files: dict[str, Path], config: HybridConfig) -> bool:
+    """Whether lm_head and the embeddings hold equal values (meta tensors: read both, one comparison)."""
+    if head.device.type != "meta":
+        return torch.equal(head, emb)
+    names = {_model_name(config, k): k for k in files if _model_name(config, k) in ("lm_head.weight",
+                                                                                    "embed_tokens.weight")}
+    t = _read_tensors(files, [names["lm_head.weight"], names["embed_tokens.weight"]])
+    return torch.equal(t[names["lm_head.weight"]], t[names["embed_tokens.weight"]])

@@ -126,11 +126,12 @@ def test_sidecar_describes_every_state(tmp_path_factory):
 
 
 def test_all_logits_and_external_data(tmp_path_factory, monkeypatch):
-    """--all-logits: prefill logits of every token; weights beyond the threshold go to <graph>.onnx.data."""
+    """--all-logits: prefill logits of every token; graphs exported with external data end up reading the one
+    weights.data (no <graph>.onnx.data left)."""
     import gdn_deploy.export.model_export as me
     monkeypatch.setattr(me, "EXTERNAL_DATA_BYTES", 0)
     hf, _, out, res, gen = _export("qwen3_5_moe", tmp_path_factory, all_logits=True)
-    assert (out / "prefill.onnx.data").is_file() and (out / "decode.onnx.data").is_file()
+    assert (out / "weights.data").is_file() and not list(out.glob("*.onnx.data"))
     assert all(r["ok"] for rows in res.verification.values() for r in rows)
     folder = ExportFolder(out)
     be = make_backend("onnxruntime", folder)

@@ -75,7 +75,7 @@ def test_files_checker_and_verification(lm_fp32):
     graphs = ["decode", "decode_pool", "prefill"]
     assert names == sorted([f"{g}.onnx" for g in graphs] + [f"{g}.trt.onnx" for g in graphs]
                            + [f"{g}_inputs.json" for g in graphs]
-                           + [f"{g}_reference.json" for g in graphs] + [md.SIDECAR_NAME])
+                           + [f"{g}_reference.json" for g in graphs] + [md.SIDECAR_NAME, "weights.data"])
     for p in res.files:
         if p.suffix == ".onnx":
             onnx.checker.check_model(str(p))

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Write a random Hugging Face Qwen3.5 text checkpoint (config.json + bf16 safetensors shards + index) of a real
+model's shapes, without building the model in memory: tensor names and shapes come from the transformers model
+built on the meta device, and each tensor is drawn, written and freed shard by shard (peak memory about one shard).
+
+  python scripts/make_random_checkpoint.py qwen3.5-0.8b out/qwen35_08b          # 0.75 B parameters, 1.5 GB
+  python scripts/make_random_checkpoint.py qwen3.5-9b out/qwen35_9b             # 8.95 B parameters, 18 GB
+  python scripts/make_random_checkpoint.py qwen3.5-0.8b out/small --set num_hidden_layers=4 --set vocab_size=32768
+
+Configs (the text model of Qwen/Qwen3.5-0.8B and Qwen/Qwen3.5-9B; written as Qwen3_5ForCausalLM):
+  qwen3.5-0.8b  hidden 1024, 24 layers (3 Gated DeltaNet : 1 attention), attention 8 heads / 2 KV of 256 (output
+                gate), GDN 16 key / 16 value heads of 128, MLP 3584, vocabulary 248320, tied embeddings
+  qwen3.5-9b    hidden 4096, 32 layers (3:1), attention 16 / 4 KV of 256, GDN 16 key / 32 value heads of 128,
+                MLP 12288, vocabulary 248320, separate lm_head
+Values: matrices N(0, 1/fan_in) (embeddings N(0, 0.02)), zero-centred RMSNorm weights near 0, the gated GDN norm
+near 1, A_log = log U(1, 16), dt_bias near 1: finite logits, not a trained model. No tokenizer is written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+_COMMON = dict(
+    architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_act="silu", attention_bias=False,
+    attention_dropout=0.0, attn_output_gate=True, full_attention_interval=4, head_dim=256, linear_conv_kernel_dim=4,
+    linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16, max_position_embeddings=262144,
+    rms_norm_eps=1e-6, vocab_size=248320, bos_token_id=None, eos_token_id=248044, pad_token_id=None,
+    initializer_range=0.02, use_cache=True, dtype="bfloat16",
+    rope_parameters=dict(rope_type="default", rope_theta=10_000_000, partial_rotary_factor=0.25,
+                         mrope_section=[11, 11, 10], mrope_interleaved=True))
+
+CONFIGS = {
+    "qwen3.5-0.8b": dict(_COMMON, hidden_size=1024, num_hidden_layers=24, intermediate_size=3584,
+                         num_attention_heads=8, num_key_value_heads=2, linear_num_value_heads=16,
+                         tie_word_embeddings=True),
+    "qwen3.5-9b": dict(_COMMON, hidden_size=4096, num_hidden_layers=32, intermediate_size=12288,
+                       num_attention_heads=16, num_key_value_heads=4, linear_num_value_heads=32,
+                       tie_word_embeddings=False),
+}
+
+
+def full_config(name: str, overrides: dict) -> dict:
+    c = dict(CONFIGS[name], **overrides)
+    n, every = c["num_hidden_layers"], c["full_attention_interval"]
+    if c.get("eos_token_id") is not None and c["eos_token_id"] >= c["vocab_size"]:
+        c["eos_token_id"] = None                              # a reduced vocabulary (--set vocab_size=...)
+    c["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    return c
+
+
+def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every checkpoint tensor, from the transformers model built on the meta device."""
+    import transformers as tf
+    cfg = tf.Qwen3_5TextConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    with torch.device("meta"):
+        model = tf.Qwen3_5ForCausalLM(cfg)
+    sd = model.state_dict()          # tied lm_head.weight appears once under its own name: drop it when tied
+    if config.get("tie_word_embeddings"):
+        sd.pop("lm_head.weight", None)
+    return [(k, tuple(v.shape)) for k, v in sd.items()]
+
+
+def _fill_(out: torch.Tensor, name: str, gen: torch.Generator, rows_per_chunk: int = 4096) -> torch.Tensor:
+    """Fill a bf16 tensor in place, row chunks at a time (no full fp32 copy of a 1 B-element embedding)."""
+    shape = out.shape
+    if name.endswith("A_log"):
+        return out.copy_(torch.empty(shape).uniform_(1, 16, generator=gen).log())
+    if name.endswith("dt_bias"):
+        return out.copy_(1 + 0.1 * torch.randn(shape, generator=gen))
+    if name.endswith("linear_attn.norm.weight"):            # the gated GDN norm multiplies by w
+        return out.copy_(1 + 0.1 * torch.randn(shape, generator=gen))
+    if len(shape) == 1:                                      # zero-centred RMSNorms: (1 + w)
+        return out.copy_(0.1 * torch.randn(shape, generator=gen))
+    std = 0.02 if "embed_tokens" in name else 1 / math.sqrt(math.prod(shape[1:]))
+    flat = out.view(shape[0], -1)
+    for r in range(0, shape[0], rows_per_chunk):
+        rows = flat[r:r + rows_per_chunk]
+        rows.copy_(std * torch.randn(rows.shape, generator=gen))
+    return out
+
+
+def write_checkpoint(config: dict, outdir: Path, *, shard_bytes: int = 2 << 30, seed: int = 0,
+                     say=print) -> dict:
+    from safetensors.torch import save_file
+    outdir.mkdir(parents=True, exist_ok=True)
+    specs = tensor_specs(config)
+    total = sum(math.prod(s) * 2 for _, s in specs)
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in specs:
+        nbytes = math.prod(shape) * 2
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    gen = torch.Generator().manual_seed(seed)
+    weight_map, t0, done = {}, time.perf_counter(), 0
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: _fill_(torch.empty(shape, dtype=torch.bfloat16), name, gen) for name, shape in shard}
+        tmp = outdir / (fname + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, outdir / fname)
+        done += sum(t.numel() * 2 for t in tensors.values())
+        weight_map.update({name: fname for name in tensors})
+        del tensors
+        say(f"  shard {i + 1}/{len(shards)}: {fname} ({done / 1e9:.2f} of {total / 1e9:.2f} GB, "
+            f"{time.perf_counter() - t0:.0f} s)")
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    for fname, obj in (("model.safetensors.index.json", index), ("config.json", config)):
+        tmp = outdir / (fname + ".tmp")
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+        os.replace(tmp, outdir / fname)
+    return {"parameters": total // 2, "bytes": total, "shards": len(shards), "tensors": len(specs)}
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("config", choices=sorted(CONFIGS))
+    ap.add_argument("outdir")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config.json value (JSON value), e.g. num_hidden_layers=4")
+    ap.add_argument("--shard-gb", type=float, default=2.0, help="shard size in GB (default 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in CONFIGS[args.config] and key != "layer_types":
+            print(f"make_random_checkpoint: error: --set {item!r}: expected KEY=VALUE with a key of the "
+                  f"{args.config} config", file=sys.stderr)
+            return 2
+        overrides[key] = _value(value)
+    config = full_config(args.config, overrides)
+    t0 = time.perf_counter()
+    info = write_checkpoint(config, Path(args.outdir), shard_bytes=int(args.shard_gb * 1e9), seed=args.seed)
+    print(f"make_random_checkpoint: {args.outdir}: {info['parameters'] / 1e9:.3f} B parameters "
+          f"({info['bytes'] / 1e9:.2f} GB bf16) in {info['shards']} shard(s), {info['tensors']} tensors, "
+          f"{time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Lazy whole-model export (gdn_deploy.export.lazy_export): a HF folder traced with placeholder weights, every
+initializer streamed from the checkpoint into weights.data; onnxruntime on those graphs equals the float32
+reference of the eagerly loaded model (placeholders left in a graph would make it fail)."""
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+
+from conftest import seed_for
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+import hf_tiny_models as tiny  # noqa: E402
+
+from gdn_deploy.export.lazy_export import NOT_CHECKED_LAZY, is_lazy  # noqa: E402
+from gdn_deploy.export.loading import load_targets  # noqa: E402
+from gdn_deploy.errors import NotChecked  # noqa: E402
+from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
+from gdn_deploy.export.runtimes import compare_outputs, run_onnxruntime  # noqa: E402
+from gdn_deploy.export.verify import reference_feed, reference_outputs  # noqa: E402
+from gdn_deploy.export.weights_file import WEIGHTS_FILE, initializer_refs  # noqa: E402
+from gdn_deploy.spec import SPEC  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["qwen3_5_moe"])
+def lazy_export(request, tmp_path_factory):
+    family = request.param
+    gen = torch.Generator().manual_seed(seed_for(f"lazy_export::{family}"))
+    root = tmp_path_factory.mktemp(f"lazy_{family}")
+    tiny.save(tiny.build(family, gen, **tiny.EPS_CONDITIONED), root / "hf")
+    lazy = load_targets(str(root / "hf"), lazy=True)[0]
+    assert is_lazy(lazy)
+    assert all(all(s == 0 for s in p.stride()) for p in lazy.module.parameters())
+    with pytest.raises(NotChecked, match="NOT CHECKED"):   # written, but no float32 reference: exit 9, not PASS
+        export_model(lazy, root / "out", ExportOptions())
+    return root
+
+
+def test_lazy_export_streams_the_real_weights(lazy_export):
+    root = lazy_export
+    out = root / "out"
+    meta = json.loads((out / "gdn_model.json").read_text())
+    assert meta["not_checked"] == NOT_CHECKED_LAZY
+    assert (out / WEIGHTS_FILE).is_file() and not list(out.glob("*.onnx.data"))
+    assert not list(out.glob("*_reference.json"))
+    eager = load_targets(str(root / "hf"), lazy=False)[0]
+    tol = SPEC.check_tolerance("float32")
+    for g in ("prefill", "decode"):
+        feed = reference_feed(eager, g)
+        ref = reference_outputs(eager, g, feed)
+        got = run_onnxruntime(out / meta["graphs"][g]["file"], feed)
+        bad = [r for r in compare_outputs(ref, got, tol) if not r["ok"]]
+        assert not bad, (g, bad[:3])
+    # every parameter once; the rest of weights.data are constants the optimizer folded, each small (it folds
+    # tensors under its size limit only: with real-size weights they are a negligible share)
+    params = {n: p.numel() * 4 for n, p in eager.module.named_parameters()}
+    ranges: dict[tuple, set] = {}
+    for info in meta["graphs"].values():
+        for f in (info["file"], info["tensorrt_file"]):
+            model = onnx.load(str(out / f), load_external_data=False)
+            for name, r in initializer_refs(model).items():
+                ranges.setdefault(r, set()).add(name.split(".", 1)[-1])
+    of_params = [r for r, names in ranges.items() if names & set(params)]
+    folded = [r for r in ranges if r not in of_params]
+    assert sum(r[2] for r in of_params) <= sum(params.values())
+    assert all(r[2] < (1 << 20) for r in folded)
+    assert (out / WEIGHTS_FILE).stat().st_size <= 1.1 * sum(params.values()) + sum(r[2] for r in folded)
+
+
+def test_auto_picks_eager_loading_for_small_folders(lazy_export, monkeypatch):
+    root = lazy_export
+    assert not is_lazy(load_targets(str(root / "hf"), lazy=None)[0])
+    monkeypatch.setenv("GDN_LAZY_BYTES", "1000")
+    assert is_lazy(load_targets(str(root / "hf"), lazy=None)[0])
+    assert not is_lazy(load_targets(str(root / "hf"), lazy=None, blocks=True)[0])    # blocks load eagerly
