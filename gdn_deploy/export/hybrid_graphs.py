@@ -97,7 +97,7 @@ class HybridPrefillGraph(nn.Module):
 
     def __init__(self, model, all_logits: bool = False):
         super().__init__()
-        self.net, self.all_logits, self.moe_impl, self.attention = model, all_logits, "dense", "mask"
+        self.net, self.all_logits, self.moe_impl, self.attention = model, all_logits, "grouped", "mask"
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, positions: Tensor):
         self.net.set_moe_impl(self.moe_impl)
