@@ -90,13 +90,17 @@ def test_grouped_graph_equals_routed_float64(experts, top_k, tmp_path_factory, g
 
 
 def _one_expert(expert: int, second: int | None):
-    """Router weights that send every token with positive features to ``expert`` (and ``second``)."""
+    """Router weights that send every token with positive features to ``expert`` (and ``second``); every other
+    expert's weights NaN (no computation of an unchosen expert may reach the output)."""
     def prepare(moe: SparseMoE) -> None:
         with torch.no_grad():
             moe.gate.weight.zero_()
             moe.gate.weight[expert] = 1.0
             if second is not None:
                 moe.gate.weight[second] = 0.5
+            unused = sorted(set(range(moe.config.num_experts)) - {expert, second})
+            moe.experts.gate_up_proj[unused] = float("nan")
+            moe.experts.down_proj[unused] = float("nan")
     return prepare
 
 
@@ -109,7 +113,8 @@ def test_every_token_on_the_same_experts(top_k, expert, second, tmp_path_factory
         idx, _ = moe.route(x)
         assert set(idx.flatten().tolist()) == {expert} | ({second} if second is not None else set())
         got = torch.from_numpy(sess.run(None, {"x": x.numpy()})[0])
-        assert rel_err(got, _float64(moe, x)) <= 2e-6
+        want = _float64(moe, x)
+        assert torch.isfinite(want).all() and rel_err(got, want) <= 2e-6
 
 
 def _worst_blocks(m: int, experts: int, rows: int) -> int:
