@@ -4,6 +4,8 @@ Besides the common sidecar (:mod:`.metadata`) a hybrid export records:
 
 - ``model``: ``family``, ``architecture``, ``layer_types``, ``mlp_types``, ``num_layers``, ``notes`` (what the loader
   left out, e.g. a vision tower);
+  with MoE layers also ``moe``: how each graph computes them, ``{"prefill": "grouped", "decode": "gather"}``
+  (:mod:`gdn_deploy.lm.mlp`);
 - ``states``: every state tensor, in graph order: ``{"layer", "kind": "gdn"|"attention", "role":
   "conv"|"recurrent"|"key"|"value", "dtype", "prefill_output", "prefill_shape", "decode_input", "decode_output",
   "decode_shape"}`` (:func:`gdn_deploy.export.hybrid_graphs.hybrid_state_specs`);
@@ -20,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from .hybrid_graphs import hybrid_state_specs
+from .hybrid_graphs import HybridDecodeGraph, HybridPrefillGraph, hybrid_state_specs
 from .targets import ExportTarget
 
 __all__ = ["hybrid_metadata", "TOKENIZER_FILE"]
@@ -33,6 +35,9 @@ def hybrid_metadata(meta: dict[str, Any], target: ExportTarget, outdir: Path,
     c = target.module.hybrid_config
     meta["model"].update(family=c.family, architecture=c.architecture, layer_types=list(c.layer_types),
                          mlp_types=list(c.mlp_types), num_layers=c.num_layers, notes=list(c.notes))
+    if "moe" in c.mlp_types:
+        meta["model"]["moe"] = {"prefill": HybridPrefillGraph(target.module).moe_impl,
+                                "decode": HybridDecodeGraph(target.module).moe_impl}
     meta["states"] = hybrid_state_specs(target.module)
     src = target.source.get("model")
     hf_dir = Path(src) if src and target.source.get("format") == "hf" else None

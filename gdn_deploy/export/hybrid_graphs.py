@@ -16,7 +16,7 @@ Every output shape is a function of input shapes (no data-dependent shapes, as T
 keys/values of the packed tokens and the runtime scatters them into ``[B, Hkv, S, D]`` caches
 (:func:`gdn_deploy.lm.model.decode_states_from_prefill`); decode writes the new token's key/value at its position
 (``position < S``) and masks slots after it. Every sequence of a prefill needs >= 1 token and starts at an empty
-cache. MoE layers run ``dense`` in prefill and ``gather`` in decode (see :mod:`gdn_deploy.lm.mlp` for the cost).
+cache. MoE layers run ``grouped`` in prefill and ``gather`` in decode (see :mod:`gdn_deploy.lm.mlp` for the cost).
 """
 from __future__ import annotations
 
@@ -92,12 +92,12 @@ def _flatten(layer_types, states, model_dtype) -> list[Tensor]:
 
 
 class HybridPrefillGraph(nn.Module):
-    """``moe_impl``: "dense" for export; the PyTorch runtime sets "routed". ``attention``: "mask" for export (a
+    """``moe_impl``: "grouped" for export; the PyTorch runtime sets "routed". ``attention``: "mask" for export (a
     graph with no host reads); the PyTorch runtime sets "spans" (fused causal attention per sequence)."""
 
     def __init__(self, model, all_logits: bool = False):
         super().__init__()
-        self.net, self.all_logits, self.moe_impl, self.attention = model, all_logits, "dense", "mask"
+        self.net, self.all_logits, self.moe_impl, self.attention = model, all_logits, "grouped", "mask"
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, positions: Tensor):
         self.net.set_moe_impl(self.moe_impl)

@@ -24,6 +24,8 @@ ALLOWED_OPS = frozenset({
     # activations, reductions, products
     "Sigmoid", "Softplus", "Tanh", "Erf", "Softmax", "Cos", "Sin", "ReduceSum", "ReduceMean", "ReduceMax",
     "TopK", "MatMul", "Gemm",
+    # MoE "grouped" prefill (gdn_deploy.lm.mlp): float CumSum (the parser's CumSum takes FP32/FP16/BF16 only)
+    "CumSum",
 })
 _AXES_INPUT = {"Squeeze": 1, "Unsqueeze": 1, "ReduceSum": 1, "ReduceMean": 1, "ReduceMax": 1, "Slice": 3,
                "CumSum": 1}
