@@ -71,7 +71,8 @@ def decode_runners(lib, sets, outs):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("builds", nargs="+", help="NAME=path/to/libgdn_kernels.so")
     ap.add_argument("--op", default="prefill", choices=["prefill", "decode"])
     ap.add_argument("--case", default="1x64K", choices=sorted(CASES), help="prefill: sequence lengths")

@@ -289,7 +289,8 @@ def run_config(name, args, rows):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="tiny,mid")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--prompts", type=int, default=4)

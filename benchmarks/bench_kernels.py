@@ -540,7 +540,8 @@ def summary():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or "results")
     ap.add_argument("--sections", default="ceilings,decode,prefill")
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")

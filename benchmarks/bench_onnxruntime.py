@@ -157,7 +157,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--tokens", default="1024,4096,16384")
     ap.add_argument("--runs", default=",".join(RUNS))

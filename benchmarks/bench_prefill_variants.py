@@ -99,13 +99,18 @@ def time_case(kernels, name, scans):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scans", default=",".join(SCANS))
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--no-check", action="store_true")
     a = ap.parse_args()
     import gdn_deploy.kernels as kernels
-    kernels.load()  # the library alone (KernelsUnavailable says why not)
+    try:
+        kernels.load()  # the library alone
+    except kernels.KernelsUnavailable as e:
+        print(f"{ap.prog}: nothing to benchmark: {e}", file=sys.stderr)
+        sys.exit(2)                                                      # as bench_kernels.py
     scans = [s for s in a.scans.split(",")
              if kernels.launch.prefill_scan_runs(kernels.LIB, s.partition(":")[0], 128)]
     print(torch.cuda.get_device_name(), "scans:", ", ".join(scans), flush=True)

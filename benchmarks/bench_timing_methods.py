@@ -17,9 +17,22 @@ import statistics, sys, time
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # noqa: E402
+import argparse
+from gdn_deploy.cli_util import OneLineParser
+ALL = [("1x64K", [65536]), ("1x16K", [16384]), ("1x4K", [4096])]
+ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("cases", nargs="?", default=",".join(c for c, _ in ALL), help="comma-separated, of %(default)s")
+ap.add_argument("rounds", nargs="?", type=int, default=3, help="rounds (default %(default)s)")
+args = ap.parse_args()    # before the kernels load: --help and usage errors work without a GPU
+if set(args.cases.split(",")) - {c for c, _ in ALL} or args.rounds < 1:
+    ap.error(f"cases must be among {[c for c, _ in ALL]} and rounds >= 1, got {args.cases!r} {args.rounds}")
 import torch
 import gdn_deploy.kernels as kernels
-kernels.load()  # the library alone (KernelsUnavailable says why not)
+try:
+    kernels.load()  # the library alone
+except kernels.KernelsUnavailable as e:
+    print(f"{ap.prog}: nothing to benchmark: {e}", file=sys.stderr)
+    sys.exit(2)                                                          # as bench_kernels.py
 from bench_kernels import _fla, time_events, time_queued as queued
 from torch.profiler import ProfilerActivity, profile
 
@@ -50,8 +63,7 @@ def host_us(fn, reps=20):
     return statistics.median(ts)
 
 
-ALL = [("1x64K", [65536]), ("1x16K", [16384]), ("1x4K", [4096])]
-for name, lens in [c for c in ALL if len(sys.argv) < 2 or c[0] in sys.argv[1].split(",")]:
+for name, lens in [c for c in ALL if c[0] in args.cases.split(",")]:
     T, N, Hk, Hv, K, V = sum(lens), len(lens), 16, 32, 128, 128
     gen = torch.Generator(device="cuda").manual_seed(7)
     r = lambda *s: torch.randn(*s, device="cuda", generator=gen)
@@ -77,7 +89,7 @@ for name, lens in [c for c in ALL if len(sys.argv) < 2 or c[0] in sys.argv[1].sp
     torch.cuda.current_stream().wait_stream(st); torch.cuda.synchronize()
     with torch.cuda.graph(gr):
         ours()
-    for rnd in range(int(sys.argv[2]) if len(sys.argv) > 2 else 3):
+    for rnd in range(args.rounds):
         res = {}
         res["ours sync"] = time_events(ours, reps=20, warmup=3)
         res["ours queued"] = queued(ours)

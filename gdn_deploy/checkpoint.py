@@ -116,6 +116,8 @@ def load_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> nn.Modul
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: checkpoint file does not exist")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: the file is empty (0 bytes): not a checkpoint (an interrupted save or copy?)")
     if path.suffix == ".safetensors":
         return _load_safetensors(path)
     try:
@@ -140,6 +142,8 @@ def load_checkpoint(path: str | Path, *, allow_pickle: bool = False) -> nn.Modul
             return obj.eval()
     except (RuntimeError, EOFError, OSError, IndexError, KeyError, TypeError, AttributeError) as e:
         # what torch.load's unpickler raises on a corrupt or non-torch file (seen: IndexError, KeyError)
-        raise ValueError(f"{path}: not a readable torch checkpoint: {type(e).__name__}: {e}") from e
+        why = f"{type(e).__name__}: {e}" if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not a readable torch checkpoint (corrupt, truncated or not a torch.save file: "
+                         f"{why})") from e
     _check_header(obj, str(path))
     return model_from_state(obj["kind"], obj["config"], obj["state_dict"], str(path))

@@ -46,7 +46,8 @@ DEFAULT_TEXTS = ["Hello, world", "Gated DeltaNet ", "a"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=EXIT_CODES_HELP,
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    p = OneLineParser(prog=PROG, description=__doc__, epilog=EXIT_CODES_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="an export folder, or a MODEL to export first (default: "
                    "the bundled tiny model)")
@@ -182,6 +183,9 @@ def make_prompts(args, codec, folder) -> tuple[list[list[int]], list[str | None]
             V = folder.vocab_size
             prompts = [[1 % V], [(2 + j) % V for j in range(5)], [(7 + j) % V for j in range(11)]]
             texts = [None] * 3
+        shown = [repr(t) for t in texts] if codec.has_text else [str(p) for p in prompts]
+        print(f"{PROG}: no prompt given (-p TEXT or --ids I,J,...): using {len(prompts)} built-in demo prompts: "
+              f"{', '.join(shown)}", file=sys.stderr)
     return prompts, texts
 
 

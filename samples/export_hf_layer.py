@@ -64,7 +64,8 @@ def export_hf_gdn(layer: nn.Module, outdir: str | Path, *, graphs: Sequence[str]
 
 def main(argv: Sequence[str] | None = None) -> int:
     from gdn_deploy.errors import LoadError, UsageError, quiet_warnings, run_cli
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("hf_folder", help="a Hugging Face Qwen3-Next / Qwen3.5 folder (config.json + safetensors)")
     ap.add_argument("--layer", type=int, default=0, help="index of a linear_attention layer (default 0)")
     ap.add_argument("-o", "--output", default="hf_layer_onnx", help="output folder")

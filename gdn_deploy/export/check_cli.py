@@ -43,7 +43,8 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gdn-check", description="Check exported gdn graphs against the model's float32 "
+    from ..cli_util import OneLineParser  # one-line usage errors, exit 2
+    p = OneLineParser(prog="gdn-check", description="Check exported gdn graphs against the model's float32 "
                                 "PyTorch outputs (onnxruntime; TensorRT with the plugin library when available).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="OUTDIR_OR_MODEL", help="a gdn-export folder, or a MODEL as for gdn-export")

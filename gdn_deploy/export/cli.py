@@ -48,15 +48,10 @@ examples:
 """ + EXIT_CODES_HELP
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # usage errors: exit 2 with one line (argparse does this too)
-        self.print_usage(sys.stderr)
-        self.exit(ExitCode.USAGE, f"gdn-export: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gdn-export", description="Export a Gated DeltaNet model to ONNX with gdn custom ops: a whole "
-                "Hugging Face Qwen3-Next / Qwen3.5 / Qwen3.5-MoE / OLMo-Hybrid causal LM, a gdn-deploy GDNLM or "
+    from ..cli_util import OneLineParser  # one-line usage errors, exit 2
+    p = OneLineParser(prog="gdn-export", description="Export a Gated DeltaNet model to ONNX with gdn custom ops: a "
+                "whole Hugging Face Qwen3-Next / Qwen3.5 / Qwen3.5-MoE / OLMo-Hybrid causal LM, a gdn-deploy GDNLM or "
                 "GDNBlock checkpoint, or the bundled tiny model.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default="default", metavar="MODEL",

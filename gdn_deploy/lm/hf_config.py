@@ -1,6 +1,7 @@
 """Read a Hugging Face config.json (as a dict) into a :class:`HybridConfig`, without transformers.
 
-Supported architectures (``architectures[0]``, else ``model_type``): Qwen3NextForCausalLM, Qwen3_5ForCausalLM,
+Supported architectures (the first supported ``architectures`` entry, whose family ``model_type`` must match
+where given; else ``model_type``): Qwen3NextForCausalLM, Qwen3_5ForCausalLM,
 Qwen3_5ForConditionalGeneration (its text model; the vision tower is not exported), Qwen3_5MoeForCausalLM,
 Qwen3_5MoeForConditionalGeneration (text model), OlmoHybridForCausalLM. Missing fields take the defaults of the
 transformers 5 config classes; legacy top-level ``rope_theta`` / ``partial_rotary_factor`` / ``rope_scaling``
@@ -62,6 +63,7 @@ def _architecture(d: dict) -> str:
     archs = d.get("architectures") or []
     for a in archs:
         if a in SUPPORTED_ARCHITECTURES:
+            _check_model_type(d, a)
             return a
     if archs:
         raise UnsupportedModelError(
@@ -71,6 +73,16 @@ def _architecture(d: dict) -> str:
         return _BY_MODEL_TYPE[mt]
     raise UnsupportedModelError(f"model_type {mt!r} (no 'architectures' entry) is not supported; supported "
                                 f"model types: {', '.join(_BY_MODEL_TYPE)}")
+
+
+def _check_model_type(d: dict, arch: str) -> None:
+    """config.json's model_type, where given, must name the family of its architectures entry."""
+    mt = d.get("model_type")
+    family = SUPPORTED_ARCHITECTURES[arch][0]
+    fits = sorted(t for t, a in _BY_MODEL_TYPE.items() if SUPPORTED_ARCHITECTURES[a][0] == family)
+    if mt is not None and mt not in fits:
+        raise ValueError(f"config.json: model_type {mt!r} does not match architectures entry {arch!r} (expected "
+                         f"model_type {' or '.join(repr(t) for t in fits)}); the file is inconsistent: fix one of them")
 
 
 def _int(d: dict, key: str) -> int:

@@ -32,7 +32,8 @@ def build_default_model(seed: int = SEED) -> GDNLM:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from ..cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=default_model_path(), help="output .pt (default: shipped file)")
     ap.add_argument("--seed", type=int, default=SEED)
     args = ap.parse_args(argv)

@@ -268,7 +268,8 @@ def _record_trt_files(export_dir: Path, jobs: Sequence[GraphJob], say) -> None:
 
 # ---------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from ..cli_util import OneLineParser  # one-line usage errors, exit 2
+    p = OneLineParser(
         prog="gdn-build",
         description="Build TensorRT engines (<graph>.engine) from a gdn-export folder, using the gdn TensorRT "
                     "plugins (GatedDeltaPrefill / GatedDeltaDecode, namespace gdn).",

@@ -70,7 +70,8 @@ def emit_cpp() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdn_deploy.spec", description=__doc__,
+    from ..cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(prog="python -m gdn_deploy.spec", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--emit-cpp", nargs="?", const="-", metavar="PATH",
                     help=f"write the C++ header (to PATH, or stdout); the repo keeps it at {HEADER_PATH}")

@@ -18,6 +18,7 @@ from conftest import rel_err, seed_for
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 import hf_tiny_models as tiny  # noqa: E402
+from greedy_agreement import unexplained_difference  # noqa: E402
 
 from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
 from gdn_deploy.export.loading import load_targets  # noqa: E402
@@ -72,14 +73,23 @@ def test_onnxruntime_generation_equals_hf(family, tmp_path_factory):
     prompts = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (1, 6, 11)]
     got = generate(folder, make_backend("onnxruntime", folder), prompts, 24, eos_token_ids=[])
     ref = generate(folder, make_backend("torch", folder), prompts, 24, eos_token_ids=[])
-    assert got.decode_steps == 23 and got.tokens == ref.tokens
+    assert got.decode_steps == 23
     with torch.no_grad():
         hf_last = torch.stack([hf(input_ids=torch.tensor([p])).logits[0, -1] for p in prompts])
     _close(got.prefill_logits, hf_last, f"{family} onnxruntime prefill logits vs HF")
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(prompts):       # equal tokens, except that fp32 paths may part at a near-tie (HF's logits)
         want = _hf_generate(hf, p, 24)
-        assert got.tokens[i] == want, f"{family} prompt {i}: first difference at new token " \
-            f"{next(j for j, (a, b) in enumerate(zip(got.tokens[i], want)) if a != b)}"
+        hf_logits = _hf_logits_after(hf, p, want)
+        for what, toks in (("onnxruntime", got.tokens[i]), ("torch backend", ref.tokens[i])):
+            why = unexplained_difference(toks, want, hf_logits, TOL["atol"], TOL["rtol"])
+            assert why is None, f"{family} prompt {i}, {what} vs HF: {why}"
+
+
+def _hf_logits_after(hf, prompt, want):
+    def at(j):
+        with torch.no_grad():
+            return hf(input_ids=torch.tensor([prompt + want[:j]])).logits[0, -1]
+    return at
 
 
 @pytest.mark.parametrize("family", FAMILIES)
