@@ -326,6 +326,7 @@ def _same_values(head: torch.Tensor, emb: torch.Tensor, files: dict[str, Path], 
     t = _read_tensors(files, [names["lm_head.weight"], names["embed_tokens.weight"]])
     return torch.equal(t[names["lm_head.weight"]], t[names["embed_tokens.weight"]])
 
+
 # PyTorch's CPU allocator aligns every tensor to 64 bytes; safetensors tensors are views into the memory-mapped file
 # at the file's offsets (4- or 8-byte aligned). MKL's GEMV/GEMM take alignment-dependent code paths, so the same
 # weights at another alignment give other last-bit results: measured 5e-7..1.4e-6 max |diff| in the logits of the
