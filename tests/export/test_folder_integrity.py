@@ -63,7 +63,9 @@ def _one_line(err: str) -> str:
 
 def _decode_loop(folder: Path, *extra: str):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(DECODE_LOOP), "--model", str(folder), "-n", "2", "-q", *extra],
+    # the three prompts decode_loop would pick itself (and say so on stderr) unless the caller gives some
+    demo = [] if "--ids" in extra else ["--ids", "1", "--ids", "2,3,4,5,6", "--ids", "7,8,9,10,11,12,13,14,15,16,17"]
+    return subprocess.run([sys.executable, str(DECODE_LOOP), "--model", str(folder), "-n", "2", "-q", *demo, *extra],
                           capture_output=True, text=True, env=env, timeout=600)
 
 
