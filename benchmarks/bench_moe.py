@@ -18,7 +18,6 @@ and, last, each form's time at the largest expert count over its time at the sma
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
@@ -57,7 +56,8 @@ def _export(moe: SparseMoE, form: str, path: Path, hidden: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__.split("\n")[0])
     ap.add_argument("--experts", type=_ints, default=[4, 64])
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=512)

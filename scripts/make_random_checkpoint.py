@@ -130,8 +130,9 @@ def _value(text: str):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=__doc__)
     ap.add_argument("config", choices=sorted(CONFIGS))
     ap.add_argument("outdir")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
