@@ -311,7 +311,7 @@ def test_a_check_no_runtime_could_run_is_not_checked_not_pass(bf16, ckpt, tmp_pa
     assert export_main([str(ckpt), "-o", str(d), "--precision", "bf16", "--graphs", "decode", "-q"]) == 9
     captured = capsys.readouterr()
     assert "gdn-export: not checked:" in _one_line(captured.err) and "PASS" not in captured.out
-    assert verify_folder(d, md.read_metadata(d), hashes=True) == 4
+    assert verify_folder(d, md.read_metadata(d), hashes=True) == 5    # decode + .trt, weights.data, inputs, reference
 
 
 def test_tiny_hf_model_in_bf16_exports_checks_and_generates_on_cpu(tmp_path):
