@@ -95,7 +95,8 @@ def hf_weight_files(folder: str | Path) -> dict[str, Path]:
     return out
 
 
-def _read_tensors(files: dict[str, Path], keys: list[str]) -> dict[str, torch.Tensor]:
+def _per_shard(files: dict[str, Path], keys: list[str], read) -> dict[str, torch.Tensor]:
+    """``{key: read(handle, key)}`` over the shards holding ``keys``, each shard opened once; one-line errors."""
     from safetensors import safe_open
     by_file: dict[Path, list[str]] = {}
     for k in keys:
@@ -109,12 +110,16 @@ def _read_tensors(files: dict[str, Path], keys: list[str]) -> dict[str, torch.Te
                 if absent:
                     raise CheckpointError(f"{f}: tensor(s) {absent[:3]} listed in the index are not in this shard")
                 for k in ks:
-                    out[k] = fh.get_tensor(k)
+                    out[k] = read(fh, k)
         except CheckpointError:
             raise
         except Exception as e:
             raise CheckpointError(f"{f}: cannot read ({e})") from e
     return out
+
+
+def _read_tensors(files: dict[str, Path], keys: list[str]) -> dict[str, torch.Tensor]:
+    return _per_shard(files, keys, lambda fh, k: fh.get_tensor(k))
 
 
 def _model_key(key: str) -> Optional[str]:
@@ -208,26 +213,10 @@ class LazyWeights:
 
 def _header_tensors(files: dict[str, Path], keys: list[str]) -> dict[str, torch.Tensor]:
     """Meta tensors with the shape and dtype of checkpoint keys, from the safetensors headers (no data read)."""
-    from safetensors import safe_open
-    by_file: dict[Path, list[str]] = {}
-    for k in keys:
-        by_file.setdefault(files[k], []).append(k)
-    out = {}
-    for f, ks in by_file.items():
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                have = set(fh.keys())
-                absent = [k for k in ks if k not in have]
-                if absent:
-                    raise CheckpointError(f"{f}: tensor(s) {absent[:3]} listed in the index are not in this shard")
-                for k in ks:
-                    sl = fh.get_slice(k)
-                    out[k] = torch.empty(sl.get_shape(), dtype=_ST_DTYPES[sl.get_dtype()], device="meta")
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise CheckpointError(f"{f}: cannot read ({e})") from e
-    return out
+    def header(fh, k):
+        sl = fh.get_slice(k)
+        return torch.empty(sl.get_shape(), dtype=_ST_DTYPES[sl.get_dtype()], device="meta")
+    return _per_shard(files, keys, header)
 
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
