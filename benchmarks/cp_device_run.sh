@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call for the context-parallel prefill (issue 34): GPU tests of the prefill kernels, then the prefill
 # benchmark's shard shapes (ours, the previous automatic scan, forced segment counts, FLA) and the existing cases.
-#   bash benchmarks/cp_device_run.sh [pytest -k expression] [--cases list]
+#   [TESTS=..] [K_EXPR=..] [CASES=..] [CP_SEGS=..] [BENCH=0] [PHASE_LIBS="a.so b.so"] bash benchmarks/cp_device_run.sh
 # Expects the kernel library at build/plugins_cpp/kernels/libgdn_kernels.so (scripts/build_kernels.sh 90a) and
-# FLA wheels in .whl/ (optional); logs under $OUT.
+# FLA wheels in .whl/ (optional); logs under $OUT. PHASE_LIBS: kernel libraries (e.g. main's build and this one)
+# whose per-kernel phase times (benchmarks/bench_cp_phases.py) are printed first, each in its own process.
 set -u -o pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -14,6 +15,10 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export GDN_KERNELS_LIB=$PWD/build/plugins_cpp/kernels/libgdn_kernels.so GDN_REQUIRE_KERNELS=1
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$out/device.txt"
+for lib in ${PHASE_LIBS:-}; do
+  GDN_KERNELS_LIB=$PWD/$lib timeout "${PHASE_TIMEOUT:-120}" python3 benchmarks/bench_cp_phases.py \
+    --tag "$(basename "$lib")" ${PHASE_ARGS:-} 2>&1 | tee -a "$out/phases.txt"
+done
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/kernels/test_prefill_cp.py} \
   ${K_EXPR:+-k "$K_EXPR"} -s > "$out/tests.log" 2>&1
 echo "tests rc=$?" | tee -a "$out/tests.log"

@@ -1,0 +1,114 @@
+"""Where the context-parallel prefill's time goes: per-kernel device time of one launch (prep, pass 1, fix-up,
+pass 2), from the torch profiler (CUPTI), median over repeats, next to the launch's GPU busy time.
+
+  python benchmarks/bench_cp_phases.py [--cases a,b] [--scan cp_wg] [--segments 0] [--reps 15] [--tag NAME]
+
+Loads the kernel library named by GDN_KERNELS_LIB (so that two builds can be compared in one device call, one
+process each). Prints one line per case: busy ms, then each kernel's median us and the sum of the gaps (busy minus
+the kernels: launch gaps and tails between dependent kernels).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (name, sequence lengths, (Hk, Hv, K, V)): the shard shapes of bench_kernels.py that run context parallel
+CASES = [("Hk2Hv8 1x64K", [65536], (2, 8, 128, 128)), ("Hk4Hv8 1x64K", [65536], (4, 8, 128, 128)),
+         ("d64 Hk4Hv8 1x64K", [65536], (4, 8, 64, 64)), ("Hk2Hv8 1x8K", [8192], (2, 8, 128, 128)),
+         ("d64 Hk4Hv8 1x8K", [8192], (4, 8, 64, 64)), ("d256 Hk2Hv4 1x64K", [65536], (2, 4, 256, 256))]
+
+# kernel name fragment -> phase
+PHASES = [("PrepKernel", "prep"), ("CpPass1Wg", "pass1"), ("CpKernel", "cpmma"), ("CpFix", "fix"),
+          ("ScanWg", "pass2"), ("memset", "memset")]
+
+
+def phase_of(name: str) -> str:
+    if "gdnPrefillCpKernel" in name:  # mma.sync pass 1 (false) or pass 2 (true)
+        return "pass1" if "false" in name else "pass2"
+    for frag, ph in PHASES:
+        if frag in name:
+            return ph
+    return "other"
+
+
+def profile_once(fn):
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.events() if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start]
+    per = {}
+    for e in ev:
+        ph = phase_of(e.name)
+        per[ph] = per.get(ph, 0.0) + e.time_range.elapsed_us()
+    if not ev:
+        return None, per
+    busy = max(e.time_range.end for e in ev) - min(e.time_range.start for e in ev)
+    return busy, per
+
+
+def main(argv=None):
+    from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="")
+    ap.add_argument("--scan", default="auto")
+    ap.add_argument("--segments", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure", file=sys.stderr)
+        return 2
+    import gdn_deploy.kernels as kernels
+    kernels.load()
+    L = kernels.launch
+    for name, seqlens, (Hk, Hv, K, V) in CASES:
+        if a.cases and not any(f == name or f in name for f in a.cases.split(",")):
+            continue
+        T, N = sum(seqlens), len(seqlens)
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+        q, k, v = r(T, Hk, K).bfloat16(), r(T, Hk, K).bfloat16(), r(T, Hv, V).bfloat16()
+        g = -torch.rand(T, Hv, device="cuda", generator=gen) * 0.5 - 0.01
+        beta = torch.rand(T, Hv, device="cuda", generator=gen)
+        cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        h0 = 0.1 * r(N, Hv, K, V)
+        o, fs = torch.empty_like(v), torch.empty_like(h0)
+        p = L.prefill_params(q, k, v, g, beta, cu, h0, o, fs, gate_mode=0, use_qk_l2norm=1, scale=0.0,
+                             l2norm_eps=1e-6)
+        kw = {} if a.scan == "auto" else dict(scan=a.scan, segments=a.segments)
+        ws = torch.empty(L.prefill_workspace_bytes(kernels.LIB, p, kw.get("segments")), dtype=torch.uint8,
+                         device="cuda")
+
+        def run():
+            L.launch_prefill(kernels.LIB, p, ws, q.device, **kw)
+        for _ in range(3):
+            run()
+        busy, per = [], {}
+        for _ in range(a.reps):
+            b, ph = profile_once(run)
+            if b is None:
+                continue
+            busy.append(b)
+            for kk, us in ph.items():
+                per.setdefault(kk, []).append(us)
+        bm = statistics.median(busy)
+        med = {kk: statistics.median(x) for kk, x in per.items()}
+        gaps = bm - sum(med.values())
+        cols = "  ".join(f"{kk} {us:7.1f}" for kk, us in sorted(med.items(), key=lambda t: -t[1]))
+        print(f"[phases{' ' + a.tag if a.tag else ''}] {name:18s} scan={a.scan} G={a.segments}  busy {bm / 1e3:.3f} ms"
+              f"  | us: {cols}  gaps {gaps:6.1f}", flush=True)
+        del q, k, v, g, beta, h0, o, fs, ws
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
