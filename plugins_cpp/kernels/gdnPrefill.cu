@@ -421,7 +421,8 @@ cudaError_t launchChunked(
         lc.dynamicSmemBytes = size_t(smem);
         lc.stream = stream;
         lc.attrs = attr;
-        lc.numAttrs = beside ? (ws.scanCluster > 1 ? 2 : 1) : 0;  // (beside: the wgmma scan, V-tile 64)
+        // (beside: the wgmma scan, V-tile 64; context-parallel pass 2: the dependent of the fix-up)
+        lc.numAttrs = beside ? (ws.scanCluster > 1 ? 2 : 1) : (ws.segments > 1 && cfg::kCpProgrammaticLaunch ? 1 : 0);
         cudaError_t e = cudaLaunchKernelEx(&lc, kern, p, ws, extra...);
         if (e != cudaSuccess && lc.numAttrs == 2)
         {

@@ -214,58 +214,152 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
         storeStateT(s, cw.hm, ((int64_t)(n * (G - 1) + sg) * Hv + h) * K * (V + K), V + K, vw, lane);
 }
 
-// Fix-up: per (sequence, value head, 16 state columns), S_0 = initial state (or 0), S_1 = H_0,
-// S_{s+1} = M_s S_s + H_s in fp32, each S_s written to cw.st. 256 threads: column tid % 16, rows tid / 16 + 16 i.
-constexpr int kFixCols = 16, kFixThreads = 256;
+// Fix-up: per (sequence, value head, kFixCols state columns), S_0 = initial state (or 0), S_1 = H_0,
+// S_{s+1} = M_s S_s + H_s in fp32, each S_s written to cw.st. Every M_s and H_s is in memory when it starts, so
+// only the products form a chain: the rows of M_1 .. M_{G-2} stream through a kFixStages-deep cp.async pipeline
+// of kFixRows<K>-row blocks (running ahead across steps), the CTA's columns of S_s sit transposed in shared
+// memory (double-buffered over steps), and H_s is read into registers at the start of its step.
+// 256 threads: column tid % kFixCols, rows tid / kFixCols + 32 i.
+constexpr int kFixCols = 8, kFixThreads = 256, kFixRowGroups = kFixThreads / kFixCols, kFixStages = 3;
+template <int K>
+constexpr int kFixRows = K >= 256 ? kFixRowGroups : 2 * kFixRowGroups;  // rows of M per pipeline block
+template <int K>
+struct CpFixSmem
+{
+    static constexpr int MS = K + 4;  // padded rows: the 4 row groups of a warp read 4 different banks
+    float m[kFixStages][kFixRows<K>][MS];
+    float sT[2][kFixCols][MS];  // S_s^T (this CTA's columns), double-buffered over the steps
+};
+
+// Programmatic dependent launch (sm_90; kCpProgrammaticLaunch, off: measured slower at 1x64K): the context-parallel
+// kernels after the prep can each launch as the programmatic dependent of the one before (cpLaunchDependent), so
+// that a kernel's CTAs are placed and set up while the one before drains. Every CTA waits for the previous grid's
+// completion (griddepcontrol.wait: it and its memory operations) before it reads anything that grid or an earlier
+// one wrote, and only then lets the next kernel launch, so that a kernel launched early finds every grid before its
+// predecessor complete.
+__device__ __forceinline__ void cpWaitPreviousGrid()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kern<<<grid, threads, smem, stream>>>(args...) as the programmatic dependent of the stream's previous kernel
+// (kCpProgrammaticLaunch; else in plain stream order, and griddepcontrol.wait returns at once)
+template <typename... KArgs, typename... Args>
+cudaError_t cpLaunchDependent(
+    void (*kern)(KArgs...), dim3 grid, int threads, int smem, cudaStream_t stream, Args const&... args)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = dim3(unsigned(threads));
+    lc.dynamicSmemBytes = size_t(smem);
+    lc.stream = stream;
+    lc.attrs = attr;
+    lc.numAttrs = kCpProgrammaticLaunch ? 1 : 0;
+    return cudaLaunchKernelEx(&lc, kern, args...);
+}
+
+template <int N>
+__device__ __forceinline__ void cpAsyncWaitGroup()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 template <int K>
 __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
 {
-    constexpr int R = K * kFixCols / kFixThreads;  // rows per thread
-    __shared__ float sS[K][kFixCols];
-    int const n = blockIdx.x, h = blockIdx.y, c = threadIdx.x % kFixCols, r0 = threadIdx.x / kFixCols;
+    using SM = CpFixSmem<K>;
+    constexpr int RB = kFixRows<K>, NB = K / RB, RPB = RB / kFixRowGroups, R = K / kFixRowGroups, MS = SM::MS;
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+    auto& sm = *reinterpret_cast<SM*>(smemRaw);
+    int const n = blockIdx.x, h = blockIdx.y, c = threadIdx.x % kFixCols, rg = threadIdx.x / kFixCols;
     int const G = cw.segments, Hv = p.Hv, V = p.V, col = blockIdx.z * kFixCols + c;
     int64_t const hmStride = (int64_t)Hv * K * (V + K);  // one segment's [Hv][K][V+K]
     float const* hm = cw.hm + ((int64_t)n * (G - 1) * Hv + h) * K * (V + K);
     auto stOut = [&](int sg, int r) -> float& { return cw.st[(((int64_t)(n * G + sg) * Hv + h) * K + r) * V + col]; };
-    float x[R];
+    cpWaitPreviousGrid();  // pass 1 (H_s, M_s) complete
+    int const blocks = (G - 2) * NB;  // block f: rows (f % NB) * RB .. of M_{1 + f / NB}
+    auto issue = [&](int f)
+    {
+        if (f < blocks)
+        {
+            float const* src = hm + (1 + f / NB) * hmStride + (int64_t)(f % NB) * RB * (V + K) + V;
+            float* dst = &sm.m[f % kFixStages][0][0];
+            for (int i = threadIdx.x; i < RB * (K / 4); i += kFixThreads)
+            {
+                int const r = i / (K / 4), j = 4 * (i % (K / 4));
+                cpAsync16(dst + r * MS + j, src + (int64_t)r * (V + K) + j, 16);
+            }
+        }
+        cpAsyncCommit();
+    };
+#pragma unroll
+    for (int f = 0; f < kFixStages - 1; ++f)
+        issue(f);
     int64_t const s0 = ((int64_t)n * Hv + h) * K * V;
 #pragma unroll
     for (int i = 0; i < R; ++i)
     {
-        int const r = r0 + kFixThreads / kFixCols * i;
-        x[i] = p.initialState ? p.initialState[s0 + (int64_t)r * V + col] : 0.f;
-        stOut(0, r) = x[i];
+        int const r = rg + kFixRowGroups * i;
+        stOut(0, r) = p.initialState ? p.initialState[s0 + (int64_t)r * V + col] : 0.f;
         float const hv = hm[(int64_t)r * (V + K) + col];  // H_0 (from the initial state)
         stOut(1, r) = hv;
-        sS[r][c] = hv;
+        sm.sT[0][c][r] = hv;
     }
-    for (int sg = 1; sg + 1 < G; ++sg)
+    float x[R];
+    for (int f = 0; f < blocks; ++f)
     {
-        __syncthreads();
-        float const* hs = hm + sg * hmStride;
+        int const sg = 1 + f / NB, b = f % NB, cur = (sg - 1) & 1;
+        if (b == 0)
+        {
+            float const* hs = hm + sg * hmStride;
 #pragma unroll
-        for (int i = 0; i < R; ++i)
-            x[i] = hs[(int64_t)(r0 + kFixThreads / kFixCols * i) * (V + K) + col];
+            for (int i = 0; i < R; ++i)
+                x[i] = hs[(int64_t)(rg + kFixRowGroups * i) * (V + K) + col];
+        }
+        cpAsyncWaitGroup<kFixStages - 2>();
+        __syncthreads();  // block f (and, at b == 0, S_sg^T) visible; block f - 1's buffer free
+        issue(f + kFixStages - 1);
+        float const* mb = &sm.m[f % kFixStages][0][0];
+        float const* sv = &sm.sT[cur][c][0];
+        float acc[RPB];
+#pragma unroll
+        for (int i = 0; i < RPB; ++i)
+            acc[i] = 0.f;
+#pragma unroll 8
         for (int j = 0; j < K; j += 4)
         {
-            float const s0v = sS[j][c], s1v = sS[j + 1][c], s2v = sS[j + 2][c], s3v = sS[j + 3][c];
+            float4 const sj = *reinterpret_cast<float4 const*>(sv + j);
+#pragma unroll
+            for (int i = 0; i < RPB; ++i)
+            {
+                float4 const m = *reinterpret_cast<float4 const*>(mb + (rg + kFixRowGroups * i) * MS + j);
+                acc[i] = fmaf(m.x, sj.x, fmaf(m.y, sj.y, fmaf(m.z, sj.z, fmaf(m.w, sj.w, acc[i]))));
+            }
+        }
+#pragma unroll
+        for (int bb = 0; bb < NB; ++bb)  // (compile-time register indices)
+            if (bb == b)
+#pragma unroll
+                for (int i = 0; i < RPB; ++i)
+                    x[bb * RPB + i] += acc[i];
+        if (b == NB - 1)
+        {
 #pragma unroll
             for (int i = 0; i < R; ++i)
             {
-                float4 const m = *reinterpret_cast<float4 const*>(
-                    hs + (int64_t)(r0 + kFixThreads / kFixCols * i) * (V + K) + V + j);
-                x[i] = fmaf(m.x, s0v, fmaf(m.y, s1v, fmaf(m.z, s2v, fmaf(m.w, s3v, x[i]))));
+                int const r = rg + kFixRowGroups * i;
+                sm.sT[cur ^ 1][c][r] = x[i];
+                stOut(sg + 1, r) = x[i];
             }
         }
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-        {
-            int const r = r0 + kFixThreads / kFixCols * i;
-            sS[r][c] = x[i];
-            stOut(sg + 1, r) = x[i];
-        }
     }
+    cpAsyncWaitAll();
 }
 
 // Bytes of the context-parallel workspace for `slots` >= N x G segment slots (hm: N x (G-1), st: N x G; 0: none)
@@ -293,8 +387,12 @@ cudaError_t launchCp(
         kern<<<dim3(unsigned(p.N * (G - 1)), p.Hv, (p.V + K) / 64), 128, smem, stream>>>(p, ws, cw);
         GDN_CUDA_TRY(cudaGetLastError());
     }
-    gdnPrefillCpFixKernel<K><<<dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads, 0, stream>>>(p, cw);
-    GDN_CUDA_TRY(cudaGetLastError());
+    {
+        auto kern = gdnPrefillCpFixKernel<K>;
+        int const smem = int(sizeof(CpFixSmem<K>));
+        GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        GDN_CUDA_TRY(cpLaunchDependent(kern, dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads, smem, stream, p, cw));
+    }
     if (pass2)
     {
         auto kern = gdnPrefillCpKernel<T, K, true>;

@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kCpWgThreads, 2) gdnPrefillCpPass1WgKernel(
         }
     }
     __syncthreads();
+    cpWaitPreviousGrid();  // the prep's workspace slots complete
     if (warp >= 4)
     {
         cpWgProduce<T, K, NS>(p, ws, maps, st0, full0, empty0, h, hk, isM ? 0 : col0, !isM, seg, lane);
@@ -215,7 +216,8 @@ __global__ void __launch_bounds__(kCpWgThreads, 2) gdnPrefillCpPass1WgKernel(
 #endif
 }
 
-// Pass 1 on wgmma (K <= 128), on `stream` after the prep kernel; then launchCp(.., pass1 = false, ..)
+// Pass 1 on wgmma (K <= 128), on `stream` after the prep kernel (its programmatic dependent); then
+// launchCp(.., pass1 = false, ..)
 template <typename T, int K>
 cudaError_t launchCpPass1Wg(
     GdnPrefillParams const& p, ChunkWs const& ws, CpWs const& cw, ScanTmaMaps const& maps, cudaStream_t stream)
@@ -227,8 +229,8 @@ cudaError_t launchCpPass1Wg(
     auto kern = gdnPrefillCpPass1WgKernel<T, K>;
     int const smem = int(sizeof(CpWgSmem<T, K>)) + 1024;  // + 1 KB: alignment slack for the swizzled tiles
     GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kern<<<dim3(unsigned(p.N * (G - 1)), p.Hv, (p.V + K) / 64), kCpWgThreads, smem, stream>>>(p, ws, cw, maps);
-    return cudaGetLastError();
+    return cpLaunchDependent(kern, dim3(unsigned(p.N * (G - 1)), p.Hv, (p.V + K) / 64), kCpWgThreads, smem, stream, p,
+        ws, cw, maps);
 }
 
 } // namespace prefill_cp
