@@ -1,18 +1,8 @@
 // GatedDeltaDecode: one token per sequence, float32 state [rows, Hv, K, V] read once and written once.
 //
-// Tiling: one CTA per (sequence b, value head h, V-tile of BV columns). Inside a CTA, VL = BV/4 lanes
-// run across V (each owns 4 consecutive columns: one 16-byte float4 per state row, coalesced rows)
-// and KG = NT/VL "K-groups" split the K rows (group kg owns rows kg, kg+KG, ...: R rows per thread).
-// Every thread keeps its R x 4 slice of S in registers between the load and the store.
-//
-// Math (one reduction pass instead of two): with a = exp(g), raw q, k and
-// rq = scale * (l2norm ? 1/sqrt(|q|^2+eps) : 1), rk = (l2norm ? 1/sqrt(|k|^2+eps) : 1),
-//   delta = beta * (v - a * rk * S^T k)
-//   S'    = a * S + (rk k) delta^T
-//   o     = S'^T (rq q) = rq * (a * S^T q + rk * (q.k) * delta)
-// so S^T k, S^T q, |q|^2, |k|^2 and q.k are all reduced over K from the OLD state in one pass
-// (in-thread over R rows, across the K-groups of a warp with shuffles, across warps in shared memory).
+// Tiling and math: gdnDecodeStep.cuh (shared with the verify / commit kernels, gdnVerify.cu).
 #include "gdnCommon.cuh"
+#include "gdnDecodeStep.cuh"
 #include "gdnKernels.h"
 #include "gdnOpSpec.h"
 
@@ -24,8 +14,6 @@ namespace
 {
 
 using namespace detail;
-
-constexpr int kMaxThreads = 256;
 
 // Small tiles (BV <= 16: the automatic pick for small batches, e.g. B = 1) load and store the state,
 // touched once, with the streaming (evict-first) cache hint: it shortens the single-wave B = 1 launch, while
@@ -54,18 +42,7 @@ __device__ __forceinline__ void storeState4(float* p, int64_t i, float const (&x
 }
 
 template <int K, int BV>
-struct DecodeTile
-{
-    static constexpr int VL = BV / 4;                                           // lanes across V
-    static constexpr int NT = (K * VL / 4) < kMaxThreads ? (K * VL / 4) : kMaxThreads;  // threads
-    static constexpr int KG = NT / VL;                                          // K-groups
-    static constexpr int R = K / KG;                                            // rows per thread
-    static constexpr int NW = NT / 32;                                          // warps
-    static constexpr int NRED = 12;                                             // reduced values (11 used)
-    static_assert(VL >= 1 && VL <= 32 && (32 % VL) == 0, "BV/4 must divide 32");
-    static_assert(NT % 32 == 0 && NT >= 32, "whole warps");
-    static_assert(K % KG == 0 && R >= 1, "rows split evenly");
-};
+using DecodeTile = StepTile<K, BV>;
 
 template <typename T, int K, int BV>
 __global__ void __launch_bounds__(DecodeTile<K, BV>::NT) gdnDecodeKernel(GdnDecodeParams const p)
@@ -133,79 +110,22 @@ __global__ void __launch_bounds__(DecodeTile<K, BV>::NT) gdnDecodeKernel(GdnDeco
     for (int i = 0; i < R; ++i)
         loadState4<(BV <= 16)>(p.stateIn, sOff + static_cast<int64_t>(kg + i * KG) * V, S[i]);
 
-    // Partial reductions over this thread's rows.
-    float acc[11];
-#pragma unroll
-    for (int j = 0; j < 11; ++j)
-        acc[j] = 0.f;
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-    {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-        {
-            acc[j] = fmaf(S[i][j], kr[i], acc[j]);      // S^T k
-            acc[4 + j] = fmaf(S[i][j], qr[i], acc[4 + j]);  // S^T q
-        }
-        acc[8] = fmaf(qr[i], qr[i], acc[8]);   // |q|^2
-        acc[9] = fmaf(kr[i], kr[i], acc[9]);   // |k|^2
-        acc[10] = fmaf(qr[i], kr[i], acc[10]); // q.k
-    }
-    // Across the K-groups of this warp (lanes sharing lane % VL).
-#pragma unroll
-    for (int j = 0; j < 11; ++j)
-        acc[j] = warpSumStrided<VL>(acc[j]);
-    int const warp = tid / 32;
-    int const lane = tid % 32;
-    if (lane < VL)
-    {
-#pragma unroll
-        for (int j = 0; j < 11; ++j)
-            red[warp][vl][j] = acc[j];
-        red[warp][vl][11] = 0.f;
-    }
-    __syncthreads();
     float tot[12];
-#pragma unroll
-    for (int j = 0; j < 12; ++j)
-        tot[j] = 0.f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w)
-    {
-#pragma unroll
-        for (int j = 0; j < 12; j += 4)
-        {
-            float4 const x = *reinterpret_cast<float4 const*>(&red[w][vl][j]);
-            tot[j] += x.x;
-            tot[j + 1] += x.y;
-            tot[j + 2] += x.z;
-            tot[j + 3] += x.w;
-        }
-    }
+    stepTotals<R, NW, VL, NRED>(S, qr, kr, red, tid, tot);
 
     Gate const gt = computeGate(p.gateMode, gIn, bIn, p.ALog, p.dtBias, h);
     float const a = expf(gt.g);
-    float const rk = p.useQkL2norm ? rsqrtf(tot[9] + p.l2normEps) : 1.f;
-    float const rq = effectiveScale(p.scale, K) * (p.useQkL2norm ? rsqrtf(tot[8] + p.l2normEps) : 1.f);
     float delta[4], out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-    {
-        delta[j] = gt.beta * (vv[j] - a * rk * tot[j]);
-        out[j] = rq * (a * tot[4 + j] + rk * tot[10] * delta[j]);
-    }
+    float const rk = stepDeltaOut(tot, a, gt.beta, vv, p.useQkL2norm, p.l2normEps, effectiveScale(p.scale, K),
+                                  delta, out);
     if (kg == 0)
         store4(o, oOff, out);
 
 #pragma unroll
     for (int i = 0; i < R; ++i)
     {
-        float const kn = kr[i] * rk;
-        float ns[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            ns[j] = fmaf(a, S[i][j], kn * delta[j]);
-        storeState4<(BV <= 16)>(p.stateOut, sOff + static_cast<int64_t>(kg + i * KG) * V, ns);
+        stepUpdateRow(S[i], a, kr[i] * rk, delta);
+        storeState4<(BV <= 16)>(p.stateOut, sOff + static_cast<int64_t>(kg + i * KG) * V, S[i]);
     }
 }
 

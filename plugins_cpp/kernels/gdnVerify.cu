@@ -15,6 +15,7 @@
 // kMaxDraftTokens tokens; accepted[n] is clamped to [0, T_n]; a slot outside [0, P) skips the sequence
 // (verify: o and factors 0; commit: nothing written). No index reaches outside its buffer.
 #include "gdnCommon.cuh"
+#include "gdnDecodeStep.cuh"
 #include "gdnKernels.h"
 #include "gdnOpSpec.h"
 
@@ -28,22 +29,10 @@ namespace
 
 using namespace detail;
 
-constexpr int kMaxThreads = 256;
 constexpr int kMaxTok = spec::kMaxDraftTokens;
 
 template <int K, int BV>
-struct VerifyTile
-{
-    static constexpr int VL = BV / 4;
-    static constexpr int NT = (K * VL / 4) < kMaxThreads ? (K * VL / 4) : kMaxThreads;
-    static constexpr int KG = NT / VL;
-    static constexpr int R = K / KG;
-    static constexpr int NW = NT / 32;
-    static constexpr int NRED = 12;
-    static_assert(VL >= 1 && VL <= 32 && (32 % VL) == 0, "BV/4 must divide 32");
-    static_assert(NT % 32 == 0 && NT >= 32, "whole warps");
-    static_assert(K % KG == 0 && R >= 1, "rows split evenly");
-};
+using VerifyTile = StepTile<K, BV>;
 
 // Token range of sequence n, clamped to [0, T] and kMaxTok tokens.
 __device__ __forceinline__ void tokenRange(int32_t const* cu, int n, int T, int& s, int& e)
@@ -151,8 +140,6 @@ __global__ void __launch_bounds__(VerifyTile<K, BV>::NT) gdnVerifyKernel(GdnVeri
     }
     __syncthreads();
 
-    int const warp = tid / 32;
-    int const lane = tid % 32;
     float const qscale = effectiveScale(p.scale, K);
     for (int t = 0; t < nt; ++t)
     {
@@ -163,66 +150,14 @@ __global__ void __launch_bounds__(VerifyTile<K, BV>::NT) gdnVerifyKernel(GdnVeri
             qr[i] = sq[t][kg + i * KG];
             kr[i] = sk[t][kg + i * KG];
         }
-        float acc[11];
-#pragma unroll
-        for (int j = 0; j < 11; ++j)
-            acc[j] = 0.f;
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-        {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-            {
-                acc[j] = fmaf(S[i][j], kr[i], acc[j]);
-                acc[4 + j] = fmaf(S[i][j], qr[i], acc[4 + j]);
-            }
-            acc[8] = fmaf(qr[i], qr[i], acc[8]);
-            acc[9] = fmaf(kr[i], kr[i], acc[9]);
-            acc[10] = fmaf(qr[i], kr[i], acc[10]);
-        }
-#pragma unroll
-        for (int j = 0; j < 11; ++j)
-            acc[j] = warpSumStrided<VL>(acc[j]);
-        float(*rb)[VL][NRED] = red[t & 1];
-        if (lane < VL)
-        {
-#pragma unroll
-            for (int j = 0; j < 11; ++j)
-                rb[warp][vl][j] = acc[j];
-            rb[warp][vl][11] = 0.f;
-        }
-        __syncthreads();  // (buffer t&1 is rewritten at t+2, after every thread passed the barrier of t+1)
         float tot[12];
-#pragma unroll
-        for (int j = 0; j < 12; ++j)
-            tot[j] = 0.f;
-#pragma unroll
-        for (int w = 0; w < NW; ++w)
-        {
-#pragma unroll
-            for (int j = 0; j < 12; j += 4)
-            {
-                float4 const x = *reinterpret_cast<float4 const*>(&rb[w][vl][j]);
-                tot[j] += x.x;
-                tot[j + 1] += x.y;
-                tot[j + 2] += x.z;
-                tot[j + 3] += x.w;
-            }
-        }
-
-        float const a = expf(sg[t]);
-        float const bt = sb[t];
-        float const rk = p.useQkL2norm ? rsqrtf(tot[9] + p.l2normEps) : 1.f;
-        float const rq = qscale * (p.useQkL2norm ? rsqrtf(tot[8] + p.l2normEps) : 1.f);
+        stepTotals<R, NW, VL, NRED>(S, qr, kr, red[t & 1], tid, tot);  // double buffer: red[t&1] is rewritten
+                                                                      // at t+2, after every thread passed t+1
         float vv[4];
         *reinterpret_cast<float4*>(vv) = *reinterpret_cast<float4 const*>(&sv[t][vl * 4]);
         float delta[4], out[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-        {
-            delta[j] = bt * (vv[j] - a * rk * tot[j]);
-            out[j] = rq * (a * tot[4 + j] + rk * tot[10] * delta[j]);
-        }
+        float const a = expf(sg[t]);
+        float const rk = stepDeltaOut(tot, a, sb[t], vv, p.useQkL2norm, p.l2normEps, qscale, delta, out);
         int64_t const tok = s + t;
         if (kg == 0)
         {
@@ -238,12 +173,7 @@ __global__ void __launch_bounds__(VerifyTile<K, BV>::NT) gdnVerifyKernel(GdnVeri
         }
 #pragma unroll
         for (int i = 0; i < R; ++i)
-        {
-            float const kn = kr[i] * rk;
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                S[i][j] = fmaf(a, S[i][j], kn * delta[j]);
-        }
+            stepUpdateRow(S[i], a, kr[i] * rk, delta);
     }
 }
 
@@ -313,12 +243,7 @@ __global__ void __launch_bounds__(VerifyTile<K, BV>::NT) gdnCommitKernel(GdnComm
         *reinterpret_cast<float4*>(d) = *reinterpret_cast<float4 const*>(&sd[t][vl * 4]);
 #pragma unroll
         for (int i = 0; i < R; ++i)
-        {
-            float const kn = sk[t][kg + i * KG];
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-                S[i][c] = fmaf(a, S[i][c], kn * d[c]);
-        }
+            stepUpdateRow(S[i], a, sk[t][kg + i * KG], d);
     }
 #pragma unroll
     for (int i = 0; i < R; ++i)
