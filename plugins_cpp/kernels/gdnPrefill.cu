@@ -359,8 +359,6 @@ cudaError_t launchChunked(
     }
     else
         ws.ctl = nullptr;
-    // context-parallel pass 2 on wgmma (the condition below) computes Aqk itself: the prep writes its factors
-    ws.aqkInScan = cfg::kCpAqkInPass2 && isCpScan(scan) && K <= 128 && scan != PrefillScan::kCpMma && wgmmaUsable();
     {
         auto kern = prefill_chunked::gdnPrefillPrepKernel<T, K>;
         int const smem = sizeof(prefill_chunked::PrepSmem<T, K>);
@@ -443,10 +441,6 @@ cudaError_t launchChunked(
             prefill_chunked::ScanTmaMaps maps{};
             if (tma)
                 maps = scanTmaMaps(p, ws, K);
-            if (ws.aqkInScan)
-                return launchScan(prefill_chunked::gdnPrefillScanWgKernel<T, K, cfg::kWgStages, true>,
-                    int(sizeof(prefill_chunked::WgScanSmem<T, K, cfg::kWgStages, true>)) + 1024, 64, cfg::kScanThreads,
-                    maps);
             return launchScan(prefill_chunked::gdnPrefillScanWgKernel<T, K>,
                 int(sizeof(prefill_chunked::WgScanSmem<T, K>)) + 1024, 64, cfg::kScanThreads, maps);
         }

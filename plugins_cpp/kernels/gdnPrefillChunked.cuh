@@ -120,15 +120,7 @@ struct ChunkWs
     // final state. 1 (and nullptr): one CTA per sequence from the initial state.
     int segments = 1;
     float const* segInit = nullptr;
-    // 1: the scan computes Aqk itself (context-parallel pass 2 on wgmma, kCpAqkInPass2); the prep then writes
-    // kAqkFactorFloats per-token factors at the start of each aqk slot instead of Aqk (aqkFactorsOut)
-    int aqkInScan = 0;
 };
-
-// The per-token factors of one aqk slot when the scan computes Aqk (ws.aqkInScan), floats: [0, 64) G (cumulative
-// log2 decay in the chunk), [64, 128) qs, [128, 192) rk, then for w = 1, 2, 3 at 192 + 64 (w - 1): the prep's
-// column factors rk_j 2^{G_16w - G_j} of the columns j < 16 w (0 from 16 w on).
-constexpr int kAqkFactorFloats = 384;
 
 // The control block of ws.ctl: the next work item, the SMs claimed, then one role slot per SM (by %smid).
 constexpr int kCtlNextItem = 0, kCtlClaims = 1, kCtlRoles = 2;

@@ -86,9 +86,6 @@ constexpr int kCpSmBound = 256;
 // dependents of the kernel before them: no, 1x64K took 0.499-0.505 ms with them against 0.489-0.490 in stream order,
 // and 1x8K gained only the host's launch gaps [Where the time goes; the fix-up as a pipeline].
 constexpr bool kCpProgrammaticLaunch = false;
-// Context-parallel pass 2 on wgmma computes Aqk from its q and k tiles (one more m64n64 product per chunk) instead of
-// reading the prep's Aqk; the prep then writes per-token factors in Aqk's place [Aqk inside pass 2].
-constexpr bool kCpAqkInPass2 = true;
 
 // ---- fp32 I/O: token-by-token kernel [fp32 prefill]
 constexpr int kRecTokens = 16;  // tokens staged in shared memory per step (one barrier pair per 16 tokens)

@@ -170,8 +170,7 @@ __device__ __forceinline__ void prepRows(float const (&kk)[8][4], float const (&
                 *reinterpret_cast<float2*>(&L[i][jj]) = make_float2(l0, l1);
                 packed = pack2<T>(a0, a1);
             }
-            if (aqkOut != nullptr)  // (nullptr: the scan computes Aqk, ws.aqkInScan)
-                *reinterpret_cast<uint32_t*>(aqkOut + i * kC + jj) = packed;
+            *reinterpret_cast<uint32_t*>(aqkOut + i * kC + jj) = packed;
         }
     }
 }
@@ -323,7 +322,7 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
             __syncwarp();
         }
         int64_t const slot = (int64_t)id * Hv + h;
-        T* aqkOut = ws.aqkInScan ? nullptr : static_cast<T*>(ws.aqk) + slot * (kC * kC);
+        T* aqkOut = static_cast<T*>(ws.aqk) + slot * (kC * kC);
         T* tmOut = static_cast<T*>(ws.tm) + slot * (kC * kC);
         float* gqOut = ws.gq + slot * (4 * kC);
         {
@@ -334,22 +333,6 @@ __device__ __forceinline__ int prepItem(GdnPrefillParams const& p, ChunkWs const
             case 1: prepRows<T, LS, 1>(kk, qk, Gw, bw, sm.cf[1], sm.rk, sm.qs, sm.u.inv.L, aqkOut, lane); break;
             case 2: prepRows<T, LS, 2>(kk, qk, Gw, bw, sm.cf[2], sm.rk, sm.qs, sm.u.inv.L, aqkOut, lane); break;
             default: prepRows<T, LS, 3>(kk, qk, Gw, bw, sm.cf[3], sm.rk, sm.qs, sm.u.inv.L, aqkOut, lane); break;
-            }
-        }
-        if (ws.aqkInScan)
-        {
-            // the factors the scan builds Aqk from (kAqkFactorFloats), each warp from its own copies
-            float* const f = reinterpret_cast<float*>(static_cast<T*>(ws.aqk) + slot * (kC * kC));
-            float const* const src = warp == 0 ? Gw : warp == 1 ? sm.qs : sm.rk;
-            if (warp < 3)
-            {
-                f[64 * warp + lane] = src[lane];
-                f[64 * warp + lane + 32] = src[lane + 32];
-            }
-            if (warp > 0)
-            {
-                f[128 + 64 * warp + lane] = lane < 16 * warp ? sm.cf[warp][lane] : 0.f;
-                f[128 + 64 * warp + lane + 32] = lane + 32 < 16 * warp ? sm.cf[warp][lane + 32] : 0.f;
             }
         }
         // (I + L)^-1 by 16x16 blocks X_ab (tf32 tensor-core products, fp32 accumulate; their rounding, 2^-11, is

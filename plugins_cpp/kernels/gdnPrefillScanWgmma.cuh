@@ -49,7 +49,7 @@ struct ScanTmaMaps
     int use;
 };
 
-template <typename T, int K, int NS = kWgStages, bool AQ = false>
+template <typename T, int K, int NS = kWgStages>
 struct WgScanSmem
 {
     static constexpr int VT = 64;
@@ -65,9 +65,6 @@ struct WgScanSmem
     static constexpr uint32_t kTmaBytes = uint32_t(sizeof(Stage));  // a full stage: every byte by bulk copy
     Stage st[NS];
     T ob[kC * VT];  // o staging: a swizzled [64 tokens][64 values] tile (1 KB aligned)
-    // AQ (Aqk computed by the scan): Aqk of chunks c even / odd, swizzled [64][64] (1 KB aligned); a stage's aqk
-    // tile then holds the prep's per-token factors (kAqkFactorFloats)
-    T aq[AQ ? 2 * kC * kC : 8];
     uint64_t full[NS];  // per stage: completes when its data has landed
     uint64_t empty[NS]; // per stage: completes when the 4 math warps are done with it
     uint64_t oFull;   // the o tile: the 4 math warps have written it
@@ -203,14 +200,12 @@ __device__ __forceinline__ void wgScanStoreO(GdnPrefillParams const& p, uint32_t
 // c - NS (the stage's `empty` mbarrier). Beside the prep kernel (ws.ctl set), chunks cb .. cb + kReadyBlock - 1 (cb
 // a multiple of kReadyBlock) are loaded only after their block counter shows every prep item of the block
 // done (acquire loads by lane 0).
-template <typename T, int K, int NS, bool AQ = false>
+template <typename T, int K, int NS>
 __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs const& ws, ScanTmaMaps const& maps,
     uint32_t st0, uint32_t full0, uint32_t empty0, int h, int hk, int vbase, int bos, int L, int id0, int lane)
 {
     using SM = WgScanSmem<T, K, NS>;
     using St = typename SM::Stage;
-    // AQ: every byte of a stage but the Aqk tile, and the factors in its place
-    constexpr uint32_t kTmaBytesAq = SM::kTmaBytes - uint32_t(sizeof(St::aqk)) + kAqkFactorFloats * sizeof(float);
     int const Hv = p.Hv, V = p.V, nch = (L + kC - 1) / kC;
     int const* ready = ws.ctl ? readyCounter(ws, p, hk, id0) : nullptr;
     int* const consumed = ws.ctl ? consumedCounter(ws, p, hk, id0) : nullptr;
@@ -248,7 +243,7 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
         {
             if (lane == 0)
             {
-                mbarArriveExpectTx(full, AQ ? kTmaBytesAq : SM::kTmaBytes);
+                mbarArriveExpectTx(full, SM::kTmaBytes);
 #pragma unroll
                 for (int cb = 0; cb < K / 64; ++cb)
                 {
@@ -256,11 +251,7 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
                     tmaLoad3d(stAddr + offsetof(St, q) + cb * (kC * 128), &maps.q, 64 * cb, hk, t0, full);
                 }
                 tmaLoad3d(stAddr + offsetof(St, tm), &maps.tm, 0, 0, int(slot), full);
-                if constexpr (AQ)
-                    bulkLoad(stAddr + offsetof(St, aqk), static_cast<T const*>(ws.aqk) + slot * (kC * kC),
-                        kAqkFactorFloats * sizeof(float), full);
-                else
-                    tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
+                tmaLoad3d(stAddr + offsetof(St, aqk), &maps.aqk, 0, 0, int(slot), full);
                 tmaLoad3d(stAddr + offsetof(St, v), &maps.v, vbase, h, t0, full, vPolicy);
                 bulkLoad(stAddr + offsetof(St, gq), ws.gq + slot * (4 * kC), kC * 4 * sizeof(float), full);
                 // beside the prep: v of chunk c + kL2Ahead into L2 (q, k and the slot are in L2 already, where
@@ -277,16 +268,8 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
             static_cast<uint16_t const*>(p.v) + ((int64_t)t0 * Hv + h) * V + vbase, (int64_t)Hv * V, len, lane);
         issueSwzTileWarp<kC>(stAddr + offsetof(St, tm), static_cast<uint16_t const*>(ws.tm) + slot * (kC * kC), kC,
             kC, lane);
-        if constexpr (AQ)
-        {
-            char const* const f = reinterpret_cast<char const*>(static_cast<T const*>(ws.aqk) + slot * (kC * kC));
-#pragma unroll
-            for (int i = lane; i < kAqkFactorFloats / 4; i += 32)
-                cpAsync16(stAddr + offsetof(St, aqk) + 16u * i, f + 16 * i, 16);
-        }
-        else
-            issueSwzTileWarp<kC>(stAddr + offsetof(St, aqk),
-                static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC), kC, kC, lane);
+        issueSwzTileWarp<kC>(stAddr + offsetof(St, aqk), static_cast<uint16_t const*>(ws.aqk) + slot * (kC * kC),
+            kC, kC, lane);
         issueFactors<32>(stAddr + offsetof(St, gq), ws, slot, lane);
         // (racecheck reports these writes against the math warps' reads of the stage: it does not model the
         // full / empty mbarrier hand-off; tests/kernels/sanitizer/sync_patterns.cu, mode mbar_cpasync)
@@ -299,57 +282,12 @@ __device__ __forceinline__ void wgScanProduce(GdnPrefillParams const& p, ChunkWs
     }
 }
 
-// Aqk (AQ): from acc = q k^T of the chunk (rows i of warp w: 16 w + 8 hh + lane / 4, columns 8 j + 2 (lane % 4) +
-// {0, 1}) and the prep's factors f (kAqkFactorFloats), Aqk_ij = qs_i rk_j 2^{G_i - G_j} q_i.k_j (j <= i) as the prep
-// computes it (prepRows): left of the warp's diagonal 16x16 block the row factor 2^{G_i - G_16w} times the column
-// factor rk_j 2^{G_16w - G_j}, in it one ex2 per entry, above it 0; packed into the swizzled [64][64] tile at `tile`.
-template <typename T>
-__device__ __forceinline__ void buildAqk(float const (&acc)[8][4], float const* f, uint32_t tile, int warp, int lane)
-{
-    float const G0 = f[16 * warp];
-    float const* const cf = f + 128 + 64 * warp;  // (read only for warp >= 1)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-    {
-        int const i = 16 * warp + 8 * hh + (lane >> 2);
-        float const Gi = f[i], qi = f[64 + i];
-        float ri;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(ri) : "f"(Gi - G0));
-        float const Qi = qi * ri;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-        {
-            int const jj = 8 * j + 2 * (lane & 3);
-            float a0 = 0.f, a1 = 0.f;
-            if (j < 2 * warp)
-            {
-                float2 const c = *reinterpret_cast<float2 const*>(&cf[jj]);
-                a0 = Qi * (c.x * acc[j][2 * hh]);
-                a1 = Qi * (c.y * acc[j][2 * hh + 1]);
-            }
-            else if (j <= 2 * warp + 1)
-            {
-                float2 const Gj = *reinterpret_cast<float2 const*>(&f[jj]);
-                float2 const rj = *reinterpret_cast<float2 const*>(&f[128 + jj]);
-                float e0, e1;  // (2^{G_i - G_j} of j > i may overflow: only selected away, never multiplied in)
-                asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e0) : "f"(Gi - Gj.x));
-                asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e1) : "f"(Gi - Gj.y));
-                float const v0 = qi * (e0 * rj.x) * acc[j][2 * hh], v1 = qi * (e1 * rj.y) * acc[j][2 * hh + 1];
-                a0 = jj <= i ? v0 : 0.f;
-                a1 = jj + 1 <= i ? v1 : 0.f;
-            }
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(tile + swzOffset<kC>(i, jj)), "r"(pack2<T>(a0, a1)) : "memory");
-        }
-    }
-}
-
-// AQ: context-parallel pass 2 computing Aqk itself (ws.aqkInScan set for the prep kernel before it).
-template <typename T, int K, int NS = kWgStages, bool AQ = false>
+template <typename T, int K, int NS = kWgStages>
 __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     GdnPrefillParams const p, ChunkWs const ws, __grid_constant__ ScanTmaMaps const maps)
 {
 #if GDN_WGMMA
-    using SM = WgScanSmem<T, K, NS, AQ>;
+    using SM = WgScanSmem<T, K, NS>;
     using St = typename SM::Stage;
     constexpr int NKT = K / 8, KS16 = K / 16;
     extern __shared__ __align__(1024) unsigned char smemRaw[];
@@ -381,7 +319,7 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kScanAuxRegs));
         if (warp == 4)
-            wgScanProduce<T, K, NS, AQ>(p, ws, maps, st0, full0, empty0, h, hk, vbase, bos, L, id0, lane);
+            wgScanProduce<T, K, NS>(p, ws, maps, st0, full0, empty0, h, hk, vbase, bos, L, id0, lane);
         else if (warp == 5)  // o (written once) is evicted first from L2 beside the prep
             wgScanStoreO<T>(p, smemAddr(&sm.ob[0]), smemAddr(&sm.oFull), smemAddr(&sm.oEmpty),
                 maps.use ? &maps.o : nullptr, ws.ctl != nullptr ? policyEvictFirst() : 0, h, vbase, bos, L, lane);
@@ -461,21 +399,13 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
         wgFence();
         wgProduct64<T>(da, xa, sb + offsetof(St, tm), false);
         wgCommit();
-        float qk[8][4];  // AQ: q k^T, off the recurrence (its own commit group, after delta)
-        if constexpr (AQ)
-        {
-#pragma unroll
-            for (int kk = 0; kk < KS16; ++kk)
-                wgmmaSS64<T>(qk, descKMajor<kC>(aQ, kk), descKMajor<kC>(aK, kk), kk > 0);
-            wgCommit();
-        }
-        wgWait<AQ ? 2 : 1>();  // O1 done, delta may run
+        wgWait<1>();  // O1 done, delta may run
         fenceAcc(oa);
 #pragma unroll
         for (int kk = 0; kk < KS16; ++kk)
             fenceRegs(sa[kk]);
         applyO1(oa, st.gq, lane);
-        wgWait<AQ ? 1 : 0>();
+        wgWait<0>();
         fenceAcc(da);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -495,21 +425,7 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
         for (int kk = 0; kk < 4; ++kk)  // B = k as [token][K]: MN-major
             Wgmma<T, K, 1>::run(s, uA[kk], descMNMajor<kC>(aK, kk), 1);
         wgCommit();
-        if constexpr (AQ)
-        {
-            // Aqk in the shadow of the state update: q k^T done, scaled and masked into this chunk's tile, which
-            // the 4 warps have all written (and finished chunk c - 2's O2 that read it) after the barrier
-            wgWait<1>();
-            fenceAcc(qk);
-            uint32_t const aqTile = smemAddr(&sm.aq[0]) + (c & 1) * uint32_t(kC * kC * sizeof(T));
-            buildAqk<T>(qk, reinterpret_cast<float const*>(&st.aqk[0]), aqTile, warp, lane);
-            fenceProxyAsync();
-            asm volatile("bar.sync 1, 128;" ::: "memory");
-            wgFence();
-            wgProduct64<T>(oa, dA, aqTile, true);
-        }
-        else
-            wgProduct64<T>(oa, dA, sb + offsetof(St, aqk), true);
+        wgProduct64<T>(oa, dA, sb + offsetof(St, aqk), true);
         wgCommit();
         if (c > 0)
             storeO(c - 1);  // while the tensor cores finish S and O2

@@ -271,24 +271,5 @@ struct Wgmma
     }
 };
 
-// d (64 x 64, fp32) = (scaleD ? d : 0) + A (64 x 16) * B (16 x 64), both by descriptor (K-major: tnspA = tnspB = 0).
-template <typename T>
-__device__ __forceinline__ void wgmmaSS64(float (&d)[8][4], uint64_t descA, uint64_t descB, int scaleD)
-{
-#if GDN_WGMMA
-#define GDN_WG_SS_ASM(TY)                                                                                              \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " GDN_WG_ACC32   \
-    ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-    if constexpr (std::is_same<T, __half>::value)
-        asm volatile(GDN_WG_SS_ASM("f16") : GDN_WG_OUT32(d) : "l"(descA), "l"(descB), "r"(scaleD));
-    else
-        asm volatile(GDN_WG_SS_ASM("bf16") : GDN_WG_OUT32(d) : "l"(descA), "l"(descB), "r"(scaleD));
-#undef GDN_WG_SS_ASM
-#else
-    (void)d, (void)descA, (void)descB, (void)scaleD;
-    __trap();
-#endif
-}
-
 } // namespace prefill_wgmma
 } // namespace gdn

@@ -26,7 +26,7 @@ GATES = {"strong": dict(g_range=(-40.0, 0.0), beta_range=(0.0, 2.0)),
          "typical": dict(g_range=(-1.0, -0.01), beta_range=(0.0, 1.0))}
 
 
-def _run(kernels, d, attrs, segments, *, scan="cp", alias_state=False, tma=True):
+def _run(kernels, d, attrs, segments, *, scan="cp", alias_state=False):
     """Launch context-parallel scan `scan` with `segments` (0: its automatic count; None: the automatic launch) on
     poisoned outputs and workspace."""
     o = torch.full_like(d["v"], float("nan"))
@@ -41,7 +41,7 @@ def _run(kernels, d, attrs, segments, *, scan="cp", alias_state=False, tma=True)
     assert kernels.launch.prefill_supports(kernels.LIB, p) == ""
     nbytes = kernels.launch.prefill_workspace_bytes(kernels.LIB, p, segments)
     ws = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device="cuda") if nbytes else None
-    kernels.launch.launch_prefill(kernels.LIB, p, ws, torch.device("cuda"), scan=scan, segments=segments, tma=tma)
+    kernels.launch.launch_prefill(kernels.LIB, p, ws, torch.device("cuda"), scan=scan, segments=segments)
     torch.cuda.synchronize()
     return o, final
 
@@ -95,20 +95,6 @@ def test_cp_ragged_forced_segments(kernels, gen, segments, case):
     for scan in _scans(kernels, K):
         o, final = _run(kernels, d, attrs, segments, scan=scan)
         _check(o, final, ref, attrs, DT[io])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("io", ["bf16", "f16"])
-@pytest.mark.parametrize("gates", ["strong", "weak"])
-def test_cp_pass2_without_tensor_maps(kernels, gen, io, gates):
-    """Every stage of both passes by cp.async (no tensor maps): full chunks and the partial ones, K = 64 and 128."""
-    for K, Hk, Hv in ((128, 2, 4), (64, 1, 3)):
-        inp = make_prefill_inputs(gen, [3000, 1, 64, 1500], Hk, Hv, K, K, use_qk_l2norm=1, **GATES[gates])
-        d, ref = to_device(inp, DT[io], torch.float32)
-        attrs = op_attrs(0, 1)
-        for scan in _scans(kernels, K):
-            o, final = _run(kernels, d, attrs, 3, scan=scan, tma=False)
-            _check(o, final, ref, attrs, DT[io])
 
 
 @pytest.mark.gpu
