@@ -18,8 +18,8 @@ hidden 1024, 8/2 attention heads of 256, 16 GDN heads K=V=128, MLP 3584, with 4 
 32K vocabulary instead of 24 layers and 248K). Writes bench_generate.json and a markdown table to --out.
 
 --engine-batches 1,8,64 (cuda): per decode step in ms at each batch size (prompts of --prompt-len), side by side:
-the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket), the same step
-eager, the model's forward_decode (the runtime's eager path) and HF (+ FLA) (its decode tok/s turned into ms per
+the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket, fuse=True:
+the step's glue fused by torch.compile), the graphed engine without fusion (its default), the same step eager, the model's forward_decode (the runtime's eager path) and HF (+ FLA) (its decode tok/s turned into ms per
 step), with the byte floor: weights + GDN states + the filled KV read once at the copy bandwidth measured in the
 same run. --engine-only skips the throughput rows above.
 """
@@ -180,13 +180,36 @@ def byte_floor(model, B: int, L: int, bw: float) -> float:
     return n / bw * 1e3
 
 
-def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name):
+def profile_step(fn, path: Path, label: str) -> None:
+    """torch.profiler over 3 calls of ``fn`` (after a warm-up): the GPU kernels with their times, by total time,
+    and their count per call, into ``path`` (a text table)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ev.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in ev) / 3
+    lines = [f"# {label}: {sum(e.count for e in ev) / 3:.0f} GPU kernels per step, {total:.1f} us of kernel time per "
+             "step (3 steps profiled)", "| us per step | calls per step | kernel |", "|---|---|---|"]
+    lines += [f"| {e.device_time_total / 3:.1f} | {e.count / 3:.0f} | {e.key[:110]} |" for e in ev]
+    with open(path, "a") as f:
+        f.write("\n".join(lines) + "\n\n")
+    print("\n".join(lines[:25]), flush=True)
+
+
+def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name, profile_dir=None):
     from gdn_deploy.lm.generate import pack_prompts
     from gdn_deploy.lm.model import decode_states_from_prefill
     from gdn_deploy.runtime.cuda_engine import DecodeEngine
     bw = copy_bandwidth()
     V = model.hybrid_config.vocab_size
     gen = torch.Generator().manual_seed(2)
+    variants = (("engine_graph_ms", True, True), ("engine_graph_unfused_ms", True, False),
+                ("engine_eager_ms", False, False))
     for B in batches:
         prompts = [torch.randint(0, V, (prompt_len,), generator=gen).tolist() for _ in range(B)]
         cap = prompt_len + 3 * steps + 8
@@ -194,18 +217,23 @@ def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name):
                    copy_bw_GBs=bw / 1e9)
         ids = torch.randint(0, V, (B,), device="cuda")
         with torch.no_grad():
-            for label, graphs in (("engine_graph_ms", True), ("engine_eager_ms", False)):
-                eng = DecodeEngine(model, pool_size=max(batches), capacity=cap, graphs=graphs)
+            for label, graphs, fuse in variants:
+                t0 = time.perf_counter()
+                eng = DecodeEngine(model, pool_size=max(batches), capacity=cap, graphs=graphs, fuse=fuse)
+                row[label.replace("_ms", "_setup_s")] = time.perf_counter() - t0
                 slots, _ = eng.add(prompts)
                 sl = torch.tensor(slots, device="cuda")
                 row[label] = _cuda_ms(lambda: eng.decoder.step(ids, sl), steps)
+                if profile_dir is not None and (label == "engine_graph_ms" or B == batches[0] and graphs):
+                    profile_step(lambda: eng.decoder.step(ids, sl), Path(profile_dir) / f"profile_{name}_step.md",
+                                 f"{name} batch {B} x {prompt_len}, {label[:-3]} (fused: {eng.decoder.fns.fuse})")
                 del eng
             pids, cu = pack_prompts(prompts, "cuda")
             _, st = model.forward_prefill(pids, cu, last_only=True)
             st = decode_states_from_prefill(model.hybrid_config, st, cu, cap)
             pos = torch.full((B,), prompt_len, device="cuda")
             row["forward_decode_ms"] = _cuda_ms(lambda: model.forward_decode(ids, pos, st), steps)
-        _, d, _ = bench_hf(hf16, prompts, steps, 1, "cuda")
+        _, d, _ = bench_hf(hf16, prompts, steps, 2, "cuda")
         row["hf_ms"] = B / d * 1e3
         row["floor_fraction"] = row["floor_ms"] / row["engine_graph_ms"]
         row["speedup_vs_hf"] = row["hf_ms"] / row["engine_graph_ms"]
@@ -271,7 +299,7 @@ def run_config(name, args, rows):
         model = load_hf_causal_lm(tmp / "hf", dtype=torch.bfloat16).to("cuda")
         if args.engine_batches:
             bench_engine_steps(model, hf.to("cuda", torch.bfloat16), [int(b) for b in args.engine_batches.split(",")],
-                               args.prompt_len, args.new, rows, name)
+                               args.prompt_len, args.new, rows, name, profile_dir=args.out if args.profile else None)
         if args.engine_only:
             return
         for attention, how in (("spans", "fused attention per sequence"), ("mask", "block-diagonal mask")):
@@ -303,6 +331,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-batches", default="", help="cuda: per-step ms of the graphed engine at these batch "
                     "sizes (e.g. 1,8,64)")
     ap.add_argument("--engine-only", action="store_true", help="cuda: only the --engine-batches rows")
+    ap.add_argument("--profile", action="store_true", help="cuda: torch.profiler kernel tables of the graphed step "
+                    "at every --engine-batches size (unfused: the first size) into --out/profile_<config>_step.md")
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     args = ap.parse_args(argv)
     if args.device == "cpu":
@@ -314,17 +344,18 @@ def main(argv=None) -> int:
         run_config(name.strip(), args, rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(device=args.device, torch=torch.__version__, threads=torch.get_num_threads(),
+    env = dict(device=args.device, torch=torch.__version__, threads=torch.get_num_threads(), fla=fla_status(),
                gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
     (out / "bench_generate.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
     lines = ["| config | batch | runtime | prefill tok/s | decode tok/s |", "|---|---|---|---|---|"]
     steps = [r for r in rows if "engine_graph_ms" in r]
     rows = [r for r in rows if "engine_graph_ms" not in r]
     if steps:
-        lines = ["| config | batch x prompt | graphed engine ms | engine eager ms | forward_decode ms | HF ms | "
-                 "byte floor ms | floor / graphed | HF / graphed |", "|---|---|---|---|---|---|---|---|---|"] + [
+        lines = ["| config | batch x prompt | graphed engine ms | graphed, unfused ms | engine eager ms | "
+                 "forward_decode ms | HF ms | byte floor ms | floor / graphed | HF / graphed |",
+                 "|---|---|---|---|---|---|---|---|---|---|"] + [
             f"| {r['config']} | {r['batch']} x {r['prompt_len']} | {r['engine_graph_ms']:.3f} | "
-            f"{r['engine_eager_ms']:.3f} | {r['forward_decode_ms']:.3f} | {r['hf_ms']:.3f} | {r['floor_ms']:.3f} | "
+            f"{r['engine_graph_unfused_ms']:.3f} | {r['engine_eager_ms']:.3f} | {r['forward_decode_ms']:.3f} | {r['hf_ms']:.3f} | {r['floor_ms']:.3f} | "
             f"{r['floor_fraction']:.2f} | {r['speedup_vs_hf']:.1f}x |" for r in steps] + [""] + lines
     for r in rows:
         lines.append(f"| {r['config']} | {r['shape']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "

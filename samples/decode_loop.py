@@ -19,6 +19,10 @@ Greedy by default; --temperature T (> 0) samples, with --top-k, --top-p, --min-p
 (the same seed gives the same tokens on the same backend and device). --stop TEXT (repeatable) ends a sequence at
 that text (cut before it), --stop-id ID at that token id (like an end-of-sequence id), --stream prints text as it
 arrives; -n takes one budget or one per prompt (-n 16,32,8). Decode tokens/s are printed at the end.
+--backend torch --device cuda generates on the decode engine (state pools updated in place, the decode step
+replayed from one CUDA graph per batch bucket: gdn_deploy.runtime.cuda_engine); --engine off calls the model once
+per step instead, --engine on runs the engine on the CPU too (eager), --engine fused fuses the step's glue with
+torch.compile (CUDA; 2.3x faster at batch 1 on an H100, docs/performance.md).
 
   python samples/decode_loop.py --model qwen35 -p "Once upon a time" -n 64 --temperature 0.8 --top-p 0.95 \
       --seed 1 --stop "\n\n" --stream
@@ -56,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision when a MODEL is exported (default: fp32)")
     p.add_argument("--backend", choices=["torch", "onnxruntime", "tensorrt"], default="torch")
     p.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
+    p.add_argument("--engine", choices=["auto", "on", "fused", "off"], default="auto",
+                   help="torch backend: generate on the decode engine (state pools; the step replayed from CUDA "
+                        "graphs on a GPU, eager on the CPU). auto (default): on for --device cuda; fused: the "
+                        "step's glue fused by torch.compile (CUDA, triton); off: one model call per step")
     p.add_argument("--plugins", default=None, metavar="LIB", help="gdn TensorRT plugin library (tensorrt backend)")
     p.add_argument("--ids", action="append", dest="prompts", type=lambda s: ("ids", s), metavar="I,J,...",
                    help="a prompt as token ids (repeat; prompts keep their command-line order)")
@@ -249,6 +257,26 @@ def _stream_printer(n_prompts: int):
     return lambda i, piece: print(f"[{i}] +{piece!r}", flush=True)
 
 
+def use_engine(args, backend, say) -> bool:
+    """--engine: whether generation runs on the decode engine (auto: the torch backend on CUDA)."""
+    from gdn_deploy.runtime.engine_generation import engine_unsupported
+    if args.engine == "off" or (args.engine == "auto" and (args.backend != "torch" or
+                                                           not str(args.device).startswith("cuda"))):
+        return False
+    why = engine_unsupported(backend)
+    if args.engine == "fused" and backend.device.type != "cuda":
+        raise UsageError("--engine fused: the fused step runs on CUDA (--device cuda)")
+    if why is not None:
+        if args.engine != "auto":
+            raise UsageError(f"--engine {args.engine}: {why}")
+        say(f"not on the decode engine: {why}")
+        return False
+    say("decoding on the engine" + (" (CUDA graphs per batch bucket" + (", fused)" if args.engine == "fused" else
+                                                                        ")") if backend.device.type == "cuda" else
+                                    " (eager)"))
+    return True
+
+
 def main_body(args) -> int:
     from gdn_deploy.runtime.backends import make_backend
     from gdn_deploy.runtime.generation import check_prompts, generate
@@ -259,6 +287,8 @@ def main_body(args) -> int:
     sampling = sampling_config(args)
     if args.compare and not sampling.greedy:
         raise UsageError("--compare checks greedy tokens; leave out --temperature")
+    if args.engine in ("on", "fused") and (args.backend != "torch" or args.speculative):
+        raise UsageError(f"--engine {args.engine} runs the torch backend's model without --speculative")
     if args.speculative and (not sampling.greedy or args.stop or args.stream or isinstance(budgets, list)):
         raise UsageError("--speculative decodes greedily with one -n for all prompts: leave out --temperature, "
                          "--stop, --stream and per-prompt budgets")
@@ -283,9 +313,13 @@ def main_body(args) -> int:
         res = spec
     else:
         text_on = codec.has_text and bool(args.stop or args.stream)
-        res = generate(folder, backend, prompts, budgets, eos_token_ids=eos, sampling=sampling,
+        run, extra = generate, {}
+        if use_engine(args, backend, say):
+            from gdn_deploy.runtime.engine_generation import generate_on_engine as run
+            extra = dict(fuse=args.engine == "fused")
+        res = run(folder, backend, prompts, budgets, eos_token_ids=eos, sampling=sampling,
                        stop_strings=args.stop, decode_text=codec.decode if text_on else None,
-                       on_text=_stream_printer(len(prompts)) if args.stream else None)
+                       on_text=_stream_printer(len(prompts)) if args.stream else None, **extra)
         if args.stream and len(prompts) == 1:
             print()
     reasons = getattr(res, "stop_reasons", None) or ["eos" if f else None for f in res.finished]

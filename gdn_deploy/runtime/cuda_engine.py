@@ -16,6 +16,11 @@ and MoE layers gather their k experts per token, so on CUDA the step for a batch
 (1, 2, 4, ... up to P) with ``torch.cuda.CUDAGraph`` and replayed; a batch of B rows runs the smallest bucket
 >= B, the extra rows pointed at the scratch slot (their GDN rows skipped with slot -1).
 
+With ``fuse=True`` (CUDA with triton; opt-in, see docs/performance.md) the per-layer math between the pool updates runs through
+``torch.compile`` (:mod:`.engine_layers`: pure functions, so Inductor fuses norms, gates, the conv window and RoPE
+without touching the pools) and projections that read one input share one GEMM on a packed weight (the model's
+weights become views of it); the pool updates, the GDN kernel and the attention stay outside the compiled code.
+
 :class:`DecodeEngine` adds the bookkeeping: a free-slot list, prefill of new prompts (the model's packed prefill,
 then its states written into the pools at fresh slots), :meth:`DecodeEngine.step` for any set of live sequences
 (the batch may change every step: no recapture), :meth:`DecodeEngine.release`. :func:`engine_generate` runs a
@@ -24,21 +29,21 @@ continuous-batching generation loop on it (prompts may arrive at later steps).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UsageError
-from ..lm.attention import apply_rope, rope_cos_sin, rope_inv_freq
+from ..lm.attention import rope_inv_freq
 from ..lm.gdn import L2NORM_EPS
-from ..lm.mlp import SparseMoE
 from .decode_attention import decode_attention
+from .engine_layers import LayerFns, compile_available, pack_model
+from .generation import GenerationResult, token_budgets
 from .sampling import Sampler, SamplingConfig
+from .streaming import TextStream, check_stop_strings
 
-__all__ = ["StaticDecoder", "DecodeEngine", "EngineResult", "engine_generate", "batch_buckets"]
+__all__ = ["StaticDecoder", "DecodeEngine", "engine_generate", "batch_buckets"]
 
 
 def batch_buckets(pool_size: int) -> list[int]:
@@ -52,48 +57,10 @@ def batch_buckets(pool_size: int) -> list[int]:
     return out + [pool_size]
 
 
-def _mlp(mlp, x: Tensor) -> Tensor:
-    """The layer's MLP with MoE layers in the capture-safe "gather" form (each token reads its k experts)."""
-    if isinstance(mlp, SparseMoE):
-        idx, w = mlp.route(x)
-        return mlp.experts.gather(x, idx, w) + torch.sigmoid(mlp.shared_expert_gate(x)) * mlp.shared_expert(x)
-    return mlp(x)
-
-
-def _finish(layer, h: Tensor, y: Tensor) -> Tensor:
-    """DecoderLayer._finish with :func:`_mlp`."""
-    if layer.post_norm:
-        h = h + layer.post_attention_layernorm(y)
-        return h + layer.post_feedforward_layernorm(_mlp(layer.mlp, h))
-    h = h + y
-    return h + _mlp(layer.mlp, layer.post_attention_layernorm(h))
-
-
-def _qkv(attn, x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor]):
-    """Attention._qkv with RoPE cos/sin given (from device-resident frequencies)."""
-    c, R, H, Hkv, D = attn.config, x.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
-    gate = None
-    if c.output_gate:
-        qg = attn.q_proj(x).reshape(R, H, 2 * D)
-        q, gate = qg[..., :D], qg[..., D:].reshape(R, H * D)
-    else:
-        q = attn.q_proj(x)
-    k = attn.k_proj(x)
-    if c.qk_norm == "proj":
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = q.reshape(R, H, D), k.reshape(R, Hkv, D)
-    if c.qk_norm == "head":
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    v = attn.v_proj(x).reshape(R, Hkv, D)
-    if cos is not None:
-        q, k = apply_rope(q, cos, sin, c.rope_fp32), apply_rope(k, cos, sin, c.rope_fp32)
-    return q, k, v, gate
-
-
 class StaticDecoder:
     """Pools and the in-place decode step of one HybridLM (see the module docstring)."""
 
-    def __init__(self, model, pool_size: int, capacity: int, attention: str = "auto"):
+    def __init__(self, model, pool_size: int, capacity: int, attention: str = "auto", fuse: bool = False):
         if capacity < 1:
             raise ValueError(f"capacity: expected >= 1 cached positions, got {capacity}")
         self.model = model
@@ -118,47 +85,45 @@ class StaticDecoder:
                 self.inv_freq.append(None if c.rope_theta is None else
                                      rope_inv_freq(c.rope_theta, c.rotary_dim).to(self.device))
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
+        if fuse:
+            why = compile_available(self.device)
+            if why is not None:
+                raise UsageError(f"the fused decode step: {why}")
+        self.packs = pack_model(model) if fuse else {}
+        self.fns = LayerFns(fuse)
         self.graphs: dict[int, tuple] = {}
         self._graph_pool = None
 
-    # ---- the step ---------------------------------------------------------------------------------------
-    def _gdn(self, g, x: Tensor, pools, slots: Tensor, gdn_slots: Tensor) -> Tensor:
+    # ---- the step ----------------------------------------------------------------------------------------
+    def _gdn(self, layer, h: Tensor, pools, slots: Tensor, gdn_slots: Tensor) -> Tensor:
         conv_pool, rec_pool = pools
-        mixed, z, b, a = g._project(x)
-        mixed, conv_new = g._step_conv(mixed, conv_pool.index_select(0, slots))
-        conv_pool.index_copy_(0, slots, conv_new.to(conv_pool.dtype))
-        q, k, v = g._split_qkv(mixed)
-        gt = g._gate_args(a, b)
-        o = torch.ops.gdn.decode_pool_(q, k, v, gt["g"], gt["beta"], rec_pool, gdn_slots, gt["A_log"],
-                                       gt["dt_bias"], gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
+        q, k, v, g, beta, A_log, dt_bias, z, conv_new = self.fns.gdn_in(layer, h, conv_pool, slots, self.packs)
+        conv_pool.index_copy_(0, slots, conv_new)
+        o = torch.ops.gdn.decode_pool_(q, k, v, g, beta, rec_pool, gdn_slots, A_log, dt_bias,
+                                       gate_mode=1 if A_log is not None else 0, use_qk_l2norm=1, scale=0.0,
                                        l2norm_eps=L2NORM_EPS)
-        return g._output(o, z)
+        return self.fns.gdn_out(layer, h, o, z, self.packs)
 
-    def _attn(self, attn, x: Tensor, pools, slots: Tensor, pos: Tensor, inv_freq: Optional[Tensor]) -> Tensor:
+    def _attn(self, layer, h: Tensor, pools, slots: Tensor, pos: Tensor, inv_freq: Optional[Tensor]) -> Tensor:
         k_pool, v_pool = pools
-        cos = sin = None
-        if inv_freq is not None:
-            cos, sin = rope_cos_sin(pos, inv_freq, attn.config.rope_factor)
-        q, k, v, gate = _qkv(attn, x, cos, sin)
-        k_pool[slots, :, pos] = k.to(k_pool.dtype)                     # [B, Hkv, D] at (slot, :, position)
-        v_pool[slots, :, pos] = v.to(v_pool.dtype)
-        o = decode_attention(q, k_pool, v_pool, slots, pos + 1, attn.scaling, impl=self.attention)
-        return attn._out(o.reshape(o.shape[0], -1), gate)
+        q, k, v, gate = self.fns.attn_in(layer, h, pos, inv_freq, k_pool.dtype, self.packs)
+        k_pool[slots, :, pos] = k                                      # [B, Hkv, D] at (slot, :, position)
+        v_pool[slots, :, pos] = v
+        o = decode_attention(q, k_pool, v_pool, slots, pos + 1, layer.self_attn.scaling, impl=self.attention)
+        return self.fns.attn_out(layer, h, o, gate, self.packs)
 
     def _step(self, ids: Tensor, slots: Tensor, gdn_slots: Tensor) -> Tensor:
         m = self.model
         pos = self.positions.index_select(0, slots).clamp(max=self.capacity - 1)
-        h = m.embed_tokens(ids)
+        h = self.fns.embed(m, ids)
         for layer, pools, inv in zip(m.layers, self.pools, self.inv_freq):
-            x = layer._mixer_in(h)
             if layer.layer_type == "linear_attention":
-                y = self._gdn(layer.linear_attn, x, pools, slots, gdn_slots)
+                h = self._gdn(layer, h, pools, slots, gdn_slots)
             else:
-                y = self._attn(layer.self_attn, x, pools, slots, pos, inv)
-            h = _finish(layer, h, y)
+                h = self._attn(layer, h, pools, slots, pos, inv)
         self.positions.index_copy_(0, slots, pos + 1)
         self.positions.narrow(0, self.scratch, 1).zero_()         # padded rows always read one position
-        return m._logits(h)
+        return self.fns.head(m, h)
 
     @torch.no_grad()
     def step_eager(self, ids: Tensor, slots: Tensor) -> Tensor:
@@ -231,14 +196,15 @@ class StaticDecoder:
 class DecodeEngine:
     """Continuous batching over a :class:`StaticDecoder`: slots are handed out from a free list."""
 
-    def __init__(self, model, pool_size: int, capacity: int, graphs: Optional[bool] = None, attention: str = "auto"):
+    def __init__(self, model, pool_size: int, capacity: int, graphs: Optional[bool] = None, attention: str = "auto",
+                 fuse: bool = False):
         self.model = model
-        self.decoder = StaticDecoder(model, pool_size, capacity, attention)
+        if graphs is None:
+            graphs = model.embed_tokens.weight.device.type == "cuda"
+        self.decoder = StaticDecoder(model, pool_size, capacity, attention, fuse=fuse)
         self.free = list(range(pool_size - 1, -1, -1))                 # pop() hands out 0, 1, 2, ...
         self.lengths: dict[int, int] = {}                              # slot -> tokens cached (host mirror)
         self._slots_key, self._slots_dev = None, None                  # the last batch's slots, on the device
-        if graphs is None:
-            graphs = self.decoder.device.type == "cuda"
         if graphs:
             self.decoder.capture()
 
@@ -291,63 +257,94 @@ class DecodeEngine:
             self.free.append(s)
 
 
-@dataclass
-class EngineResult:
-    tokens: list[list[int]]
-    decode_seconds: float = 0.0
-    decode_steps: int = 0
-    decode_tokens: int = 0
-    stop_reasons: list[str] = field(default_factory=list)
-
-
-def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                    sampling: Optional[SamplingConfig] = None, eos_token_ids: Sequence[int] = (),
-                    arrivals: Optional[Sequence[int]] = None) -> EngineResult:
+def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
+                    max_new_tokens: Union[int, Sequence[int]], sampling: Optional[SamplingConfig] = None,
+                    eos_token_ids: Sequence[int] = (), arrivals: Optional[Sequence[int]] = None,
+                    stop_strings: Sequence[str] = (), decode_text: Optional[Callable[[list[int]], str]] = None,
+                    on_text: Optional[Callable[[int, str], None]] = None) -> GenerationResult:
     """Generate with continuous batching: prompt i joins at decode step ``arrivals[i]`` (default 0: all at once,
-    as pool slots allow; a prompt waits while the pool is full), leaves at an eos id or after max_new_tokens."""
+    as pool slots allow; a prompt waits while the pool is full) and leaves at an eos id, a stop string (with
+    ``decode_text``) or after its budget (``max_new_tokens``: one, or one per prompt). The result is
+    :class:`.generation.GenerationResult` (prefill time: the engine's prefills; decode: the steps, synchronised)."""
     N = len(prompts)
+    budgets = token_budgets(max_new_tokens, N)
+    stop_strings = check_stop_strings(stop_strings)
+    if (stop_strings or on_text is not None) and decode_text is None:
+        raise UsageError("stop strings and streamed text need a tokenizer (the folder has no tokenizer.json)")
     arrivals = list(arrivals) if arrivals is not None else [0] * N
-    vocab = engine.model.hybrid_config.vocab_size
-    sampler = Sampler(sampling, prompts, vocab, device=engine.decoder.device)
+    dev = engine.decoder.device
+    sampler = Sampler(sampling, prompts, engine.model.hybrid_config.vocab_size, device=dev)
+    streams = [TextStream(decode_text, stop_strings) for _ in prompts] if decode_text is not None else None
     eos = set(int(t) for t in eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]
     reasons = ["length"] * N
+    prefill_logits: list[Optional[Tensor]] = [None] * N
     waiting = sorted(range(N), key=lambda i: (arrivals[i], i))
     live: list[int] = []                     # prompt indices in the batch
     slot_of: dict[int, int] = {}
-    next_ids: dict[int, Tensor] = {}         # prompt -> its next input token (device scalar)
-    step, t_dec, steps, produced = 0, 0.0, 0, 0
+    next_ids: dict[int, Tensor] = {}         # prompt -> its next input token (device [1])
+    step, t_pre, t_dec, steps, produced = 0, 0.0, 0.0, 0, 0
 
     def take(rows: list[int], logits: Tensor) -> None:
         ids = sampler(logits, rows)
         for r, (i, t) in enumerate(zip(rows, ids.tolist())):
             tokens[i].append(t)
-            if t in eos or len(tokens[i]) >= max_new_tokens:
-                reasons[i] = "eos" if t in eos else "length"
-                engine.release([slot_of[i]])
-                live.remove(i)
-            else:
+            if t in eos:
+                reasons[i] = "eos"
+            elif streams is not None and _push_text(streams[i], t, i, on_text):
+                reasons[i] = "stop"
+            elif len(tokens[i]) < budgets[i]:
                 next_ids[i] = ids[r:r + 1]
+                continue
+            if streams is not None:          # the sequence ends here: emit its held-back text
+                _flush_text(streams[i], i, on_text)
+            engine.release([slot_of[i]])
+            live.remove(i)
 
     while waiting or live:
         joining = [i for i in waiting if arrivals[i] <= step][:len(engine.free)]
         if joining:
             waiting = [i for i in waiting if i not in joining]
+            _sync(dev)
+            t0 = time.perf_counter()
             slots, logits = engine.add([prompts[i] for i in joining])
+            _sync(dev)
+            t_pre += time.perf_counter() - t0
+            for r, i in enumerate(joining):
+                prefill_logits[i] = logits[r].float().cpu()
             slot_of.update(zip(joining, slots))
             live.extend(joining)
             take(joining, logits)
         if live:
             rows = list(live)
             ids = torch.cat([next_ids[i] for i in rows])
-            if engine.decoder.device.type == "cuda":
-                torch.cuda.synchronize(engine.decoder.device)
+            _sync(dev)
             t0 = time.perf_counter()
             logits = engine.step([slot_of[i] for i in rows], ids)
-            if engine.decoder.device.type == "cuda":
-                torch.cuda.synchronize(engine.decoder.device)
+            _sync(dev)
             t_dec += time.perf_counter() - t0
             steps, produced = steps + 1, produced + len(rows)
             take(rows, logits)
         step += 1
-    return EngineResult(tokens, t_dec, steps, produced, reasons)
+    return GenerationResult(tokens, torch.stack(prefill_logits), t_pre, t_dec, steps, produced,
+                            [r != "length" for r in reasons], reasons,
+                            None if streams is None else [s.text for s in streams], sampler.seed)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _push_text(stream: TextStream, token: int, i: int, on_text) -> bool:
+    """Push a token into prompt i's text stream; True when a stop string ended it."""
+    piece = stream.push(token)
+    if piece and on_text is not None:
+        on_text(i, piece)
+    return stream.stopped
+
+
+def _flush_text(stream: TextStream, i: int, on_text) -> None:
+    piece = stream.finish()
+    if piece and on_text is not None:
+        on_text(i, piece)

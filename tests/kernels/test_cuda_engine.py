@@ -25,16 +25,20 @@ needs_triton = pytest.mark.skipif(not triton_available(), reason="triton not imp
 
 
 @needs_triton
+@pytest.mark.parametrize("splits", [None, 1, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("H,Hkv,D", [(8, 2, 256), (4, 4, 64), (6, 2, 24)])
-def test_triton_decode_attention_matches_torch(gen, dtype, H, Hkv, D):
+def test_triton_decode_attention_matches_torch(gen, dtype, H, Hkv, D, splits):
+    """One program per (row, kv head) (splits=1), the sequence split in chunks (5, and the default: many chunks
+    at this small batch); lengths inside one chunk, across chunks, and the whole capacity."""
     P, S, B = 9, 300, 7
     k_pool = torch.randn(P, Hkv, S, D, generator=gen).to("cuda", dtype)
     v_pool = torch.randn(P, Hkv, S, D, generator=gen).to("cuda", dtype)
     q = torch.randn(B, H, D, generator=gen).to("cuda", dtype)
     slots = torch.tensor([8, 0, 3, 5, 1, 2, 7], device="cuda")
     lens = torch.tensor([1, 63, 64, 65, 300, 17, 128], device="cuda")
-    got = decode_attention(q, k_pool, v_pool, slots, lens, D ** -0.5, impl="triton")
+    got = decode_attention(q, k_pool, v_pool, slots, lens, D ** -0.5, impl="triton", splits=splits)
+    assert torch.isfinite(got).all()
     want = decode_attention(q.double(), k_pool.double(), v_pool.double(), slots, lens, D ** -0.5, impl="torch")
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert rel_err(got.double(), want) < tol
@@ -49,11 +53,14 @@ def _models(family, gen, tmp_path):
     return hf, load_hf_causal_lm(tmp_path).to("cuda")
 
 
+@pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_graphed_step_equals_eager(kernels, gen, family, tmp_path):
+def test_graphed_step_equals_eager(kernels, gen, family, fuse, tmp_path):
+    """The graphed step (plain, or fused by torch.compile with packed projection weights) against the eager
+    unfused step."""
     _, model = _models(family, gen, tmp_path)
     V = model.hybrid_config.vocab_size
-    graphed = DecodeEngine(model, pool_size=8, capacity=160, graphs=True)
+    graphed = DecodeEngine(model, pool_size=8, capacity=160, graphs=True, fuse=fuse)
     eager = DecodeEngine(model, pool_size=8, capacity=160, graphs=False)
     assert sorted(graphed.decoder.graphs) == [1, 2, 4, 8]
     prompts = [torch.randint(0, V, (L,), generator=gen).tolist() for L in (1, 40, 130, 5, 64)]
