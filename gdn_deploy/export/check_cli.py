@@ -166,7 +166,7 @@ def check_export_dir(outdir: Path, args: argparse.Namespace, say) -> str:
         if g not in meta["graphs"]:
             raise UsageError(f"--graphs: {g!r} is not in {outdir} (has {', '.join(meta['graphs'])})")
     if meta.get("not_checked") and not args.from_model:
-        say(f"  NOT CHECKED: {meta['not_checked']} (gdn-check --from-model rebuilds the float32 model from the "
+        say(f"  {meta['not_checked']} (gdn-check --from-model rebuilds the float32 model from the "
             "checkpoint and checks the graphs, where it fits in memory)")
         return "NOT CHECKED"
     progress = getattr(args, "progress", None)
