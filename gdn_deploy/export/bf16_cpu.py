@@ -111,7 +111,8 @@ def cpu_session(path, options=None):
 
     from .runtimes import onnxruntime_session
     m = float32_compute(path)
-    if m.ByteSize() <= IN_MEMORY_BYTES:
+    # weights first: protobuf cannot even size (ByteSize) a message over 2 GB, a real-size model's case
+    if sum(len(t.raw_data) for t in m.graph.initializer) <= IN_MEMORY_BYTES and m.ByteSize() <= IN_MEMORY_BYTES:
         return onnxruntime_session(m, ("CPUExecutionProvider",), options)
     with tempfile.TemporaryDirectory(prefix="gdn_bf16_cpu_") as tmp:
         f = Path(tmp) / Path(path).name

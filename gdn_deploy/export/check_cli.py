@@ -13,6 +13,7 @@ files first (a fresh feed with ``--seed``). TensorRT runs the TensorRT-ready fil
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -140,7 +141,9 @@ def _rewrite_reference(outdir: Path, meta: dict, graphs: Sequence[str], args, sa
         raise LoadError(f"{outdir}: was exported from another model than {model} (config hash differs); re-export")
     for g in graphs:
         feed = reference_feed(target, g, seed=args.seed, interop=meta.get("interop"))
-        meta["graphs"][g]["check"].update(write_reference(outdir, g, feed, reference_outputs(target, g, feed)))
+        meta["graphs"][g].setdefault("check", {}).update(
+            write_reference(outdir, g, feed, reference_outputs(target, g, feed)))
+    meta.pop("not_checked", None)          # a lazily exported folder now has a reference
     md.write_metadata(outdir, meta)
 
 
@@ -151,7 +154,9 @@ def check_export_dir(outdir: Path, args: argparse.Namespace, say) -> str:
     from .integrity import verify_folder
     from .verify import check_folder
     meta = md.read_metadata(outdir)
-    n = verify_folder(outdir, meta, hashes=True, skip_references=args.from_model)
+    progress = getattr(args, "progress", None)
+    with progress.step(f"verifying the files of {outdir} (sizes, sha256)") if progress else contextlib.nullcontext():
+        n = verify_folder(outdir, meta, hashes=True, skip_references=args.from_model)
     src = meta.get("source", {})
     say(f"{outdir}: {meta['model']['kind']} exported from {src.get('model', '?')}"
         + (f" (layer {src['layer']})" if src.get("layer") is not None else "") + f", precision {meta['precision']}")
@@ -160,13 +165,22 @@ def check_export_dir(outdir: Path, args: argparse.Namespace, say) -> str:
     for g in graphs:
         if g not in meta["graphs"]:
             raise UsageError(f"--graphs: {g!r} is not in {outdir} (has {', '.join(meta['graphs'])})")
+    if meta.get("not_checked") and not args.from_model:
+        say(f"  {meta['not_checked']} (gdn-check --from-model rebuilds the float32 model from the "
+            "checkpoint and checks the graphs, where it fits in memory)")
+        return "NOT CHECKED"
+    progress = getattr(args, "progress", None)
     if args.from_model:
-        _rewrite_reference(outdir, meta, graphs, args, say)
+        with progress.step("float32 reference from the model") if progress else contextlib.nullcontext():
+            _rewrite_reference(outdir, meta, graphs, args, say)
     trt_ok, lib, trt_note = _tensorrt_available(args)
     if not trt_ok:
         say(f"  TensorRT: skipped ({trt_note})")
     extra = {"tensorrt": _tensorrt_runtime(meta, lib)} if trt_ok else None
-    checks = check_folder(outdir, meta, graphs, say=say, extra_runtimes=extra)
+    checks = []
+    for g in graphs:
+        with progress.step(f"checking {g}") if progress else contextlib.nullcontext():
+            checks += check_folder(outdir, meta, [g], say=say, extra_runtimes=extra)
     if not all(c.ok for c in checks):
         return "FAIL"
     unchecked = [g for g in graphs if not any(c.checked for c in checks if c.graph == g)]
@@ -185,7 +199,13 @@ def run(args: argparse.Namespace) -> int:
 
     from . import metadata as md
     G_LOGGER.module_severity = G_LOGGER.ERROR     # our own report; Polygraphy's INFO lines are noise here
-    say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    from ..progress import Progress
+    args.progress = Progress("gdn-check", enabled=not args.quiet)
+
+    def say(s: str) -> None:
+        if not args.quiet:
+            args.progress.clear()
+            print(s, flush=True)
     target = Path(args.target)
     dirs: list[Path] = []
     if md.find_sidecar(target) is not None:

@@ -120,10 +120,17 @@ def parse_graphs(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .lazy_export import is_lazy
     from .loading import load_targets
     from .model_export import ExportOptions, export_model
     from .outdir import check_output_dir
-    say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    from ..progress import Progress
+    progress = Progress("gdn-export", enabled=not args.quiet)
+
+    def say(s: str) -> None:
+        if not args.quiet:
+            progress.clear()
+            print(s, flush=True)
     if args.max_tokens < 1 or args.max_seqs < 1 or args.max_context < 1:
         raise UsageError("--max-tokens, --max-seqs and --max-context must be >= 1")
     if args.interop == "onnx":
@@ -140,14 +147,16 @@ def run(args: argparse.Namespace) -> int:
     root = check_output_dir(args.output, container=args.blocks)   # before any work: a bad -o is exit 2 at once
     t0 = time.perf_counter()
     say(f"loading {args.model}")
-    targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle, blocks=args.blocks,
-                           lazy={"auto": None, "on": True, "off": False}[args.lazy_weights])
+    with progress.step(f"loading {args.model}"):
+        targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle, blocks=args.blocks,
+                               lazy={"auto": None, "on": True, "off": False}[args.lazy_weights])
     written = []
     for t in targets:
         layer = t.source.get("layer")
         outdir = root / f"layer_{layer}" if len(targets) > 1 else root
         say(f"model: {describe_target(t)}, precision {opts.precision}")
-        res = export_model(t, outdir, opts, log=say)
+        say(f"  weights {'streamed from the checkpoint (lazy)' if is_lazy(t) else 'loaded in memory (eager)'}")
+        res = export_model(t, outdir, opts, log=say, progress=progress)
         written.append(res)
     for res in written:
         onnx_files = " ".join(g["file"] for g in res.metadata["graphs"].values())

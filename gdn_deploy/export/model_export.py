@@ -7,6 +7,7 @@ function ``gdn-check`` uses.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from .graphs import GRAPHS, GraphPlan, example_feed, graph_plan
 from .outdir import check_output_dir, staged_output
 from .targets import DTYPE_NAMES, PRECISIONS, ExportTarget, cast_target
 from .lazy_export import NOT_CHECKED_LAZY, cast_lazy_target, is_lazy, lazy_initializers
-from .weights_file import share_weights
+from .weights_file import WEIGHTS_FILE, WeightsWriter, share_weights
 from .verify import check_folder, reference_feed, reference_outputs, write_reference
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "config_hash", "EXTERNAL_DATA_BYTES"]
@@ -82,7 +83,8 @@ def _dynamic_shapes(plan: GraphPlan):
     return tuple(shapes)
 
 
-def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: ExportOptions) -> int:
+def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: ExportOptions, *,
+                  weights: WeightsWriter | None = None, progress: Any = None) -> int:
     from . import onnx_ops
     feed = example_feed(target, plan.name, tokens=12 if opts.interop else 11, equal_lengths=bool(opts.interop))
     # states and pools go through *args: pass the dynamic shapes positionally
@@ -96,7 +98,8 @@ def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: Expor
         kw["lazy_initializers"] = lazy_initializers(plan.module, target)
     onnx_ops.export_program(plan.module, tuple(feed.values()), str(path), kwargs=None, dynamic_shapes=dyn,
                             input_names=plan.input_names, output_names=plan.output_names,
-                            external_data=opts.external_data or is_lazy(target), **kw)
+                            external_data=opts.external_data or is_lazy(target), weights=weights,
+                            progress=progress, label=plan.name, **kw)
     return _rename_dims(path, plan)
 
 
@@ -142,14 +145,15 @@ def _portable_source(source: dict[str, Any], outdir: Path) -> dict[str, Any]:
 
 
 def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions | None = None, *,
-                 log: Callable[[str], None] = lambda s: None) -> ExportResult:
+                 log: Callable[[str], None] = lambda s: None, progress: Any = None) -> ExportResult:
     """Export the graphs of ``opts.graphs`` into ``outdir``, write ``gdn_model.json`` and the check files.
 
     ``outdir`` is checked first (:func:`.outdir.check_output_dir`: new, empty or an earlier export); the files are
     written into a temporary sibling folder, the sidecar last, and moved into place at the end (an earlier export
     is replaced only then; an error or Ctrl-C leaves it as it was). ``target`` is cast to ``opts.precision`` first.
     With ``opts.verify`` the folder is then checked exactly as ``gdn-check OUTDIR`` does (onnxruntime against the
-    stored float32 reference); a mismatch raises :class:`~gdn_deploy.errors.MismatchError` and a check no runtime
+    stored float32 reference); ``progress`` (:class:`gdn_deploy.progress.Progress`) shows the long steps; a
+    mismatch raises :class:`~gdn_deploy.errors.MismatchError` and a check no runtime
     here could run :class:`~gdn_deploy.errors.NotChecked`, both after the files are in place.
     """
     opts = opts or ExportOptions()
@@ -161,7 +165,7 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
                          "blocks only; export this hybrid model without --interop")
     outdir = check_output_dir(outdir)
     with staged_output(outdir) as work:
-        meta, verdict = _export_into(work, outdir, target, opts, log)
+        meta, verdict = _export_into(work, outdir, target, opts, log, _Steps(progress))
     result = ExportResult(outdir, [outdir / n for n in meta["files"]] + [outdir / md.SIDECAR_NAME], meta)
     if verdict is not None:
         checks, bad, unchecked = verdict
@@ -174,8 +178,18 @@ def export_model(target: ExportTarget, outdir: str | Path, opts: ExportOptions |
     return result
 
 
+class _Steps:
+    """``progress.step(label)`` when there is a progress, else nothing."""
+
+    def __init__(self, progress: Any):
+        self.progress = progress
+
+    def __call__(self, label: str):
+        return self.progress.step(label) if self.progress is not None else contextlib.nullcontext()
+
+
 def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOptions,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], step: _Steps):
     """Export into the staging folder ``work`` (moved to ``outdir`` afterwards); the sidecar is written last.
     Returns the sidecar and, with ``opts.verify``, (checks, failed outputs, reasons graphs went unchecked)."""
     lazy = is_lazy(target)
@@ -185,13 +199,27 @@ def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOpt
         log(f"  weights {_weight_bytes(tgt) / 1e9:.2f} GB: graphs written with external data")
         opts = replace(opts, external_data=True)
     plans, opsets, trt_files, graph_files = {}, set(), {}, []
+    # big weights: streamed once into the folder's weights.data while each graph is saved (stream_weights.py)
+    writer = WeightsWriter(work / WEIGHTS_FILE) if opts.external_data or lazy else None
+    try:
+        shared = _export_graphs(work, outdir, tgt, opts, log, step, writer, plans, opsets, trt_files, graph_files)
+    finally:
+        if writer is not None:
+            writer.close()
+    log(f"  weights: {shared.file_bytes / 1e6:.1f} MB in {shared.path.name} ({shared.unique_tensors} tensors) "
+        f"read by {len(shared.graphs)} graphs")
+    return _finish(work, outdir, tgt, opts, log, step, plans, opsets, trt_files, lazy)
+
+
+def _export_graphs(work, outdir, tgt, opts, log, step, writer, plans, opsets, trt_files, graph_files):
     for g in opts.graphs:
         plan = graph_plan(tgt, g)
         path = work / plan.file
         log(f"exporting graph {g} -> {outdir / plan.file}")
         t0 = time.perf_counter()
         try:
-            opsets.add(_export_graph(plan, tgt, path, opts))
+            with step(f"exporting {g}") as progress:
+                opsets.add(_export_graph(plan, tgt, path, opts, weights=writer, progress=progress))
         except GdnError:
             raise
         except Exception as e:  # noqa: BLE001 (torch.export / onnx raise many kinds)
@@ -200,16 +228,19 @@ def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOpt
         trt_files[g] = write_tensorrt_onnx(path)   # <g>.trt.onnx for TensorRT; None without gdn nodes (interop)
         plans[g] = plan
         graph_files += [f for f in (path, trt_files[g]) if f]
-    shared = share_weights(work, graph_files, log=log)   # one weights file read by every graph
-    log(f"  weights: {shared.file_bytes / 1e6:.1f} MB in {shared.path.name} ({shared.unique_tensors} tensors) "
-        f"read by {len(shared.graphs)} graphs")
+    with step("sharing one weights file between the graphs"):
+        return share_weights(work, graph_files, log=log, writer=writer)   # one weights file read by every graph
+
+
+def _finish(work, outdir, tgt, opts, log, step, plans, opsets, trt_files, lazy):
     act = DTYPE_NAMES[tgt.dtype]
     graphs = {g: {"file": p.file, "tensorrt_file": trt_files[g].name if trt_files[g] else None,
                   "inputs": p.inputs, "outputs": p.outputs} for g, p in plans.items()}
     tol = SPEC.check_tolerance(act)
     for g in plans if not lazy else ():
-        feed = reference_feed(tgt, g, interop=opts.interop)
-        entry = write_reference(work, g, feed, reference_outputs(tgt, g, feed))
+        with step(f"float32 PyTorch reference of {g}"):
+            feed = reference_feed(tgt, g, interop=opts.interop)
+            entry = write_reference(work, g, feed, reference_outputs(tgt, g, feed))
         graphs[g]["check"] = {**entry, "tolerance": tol}
     if lazy:
         log(f"  {NOT_CHECKED_LAZY}")
@@ -239,7 +270,8 @@ def _export_into(work: Path, outdir: Path, target: ExportTarget, opts: ExportOpt
     if lazy:
         return meta, ([], [], [NOT_CHECKED_LAZY])
     log("checking the files: onnxruntime against the float32 reference (what gdn-check runs)")
-    checks = check_folder(work, meta, say=log)
+    with step("checking the graphs in onnxruntime"):
+        checks = check_folder(work, meta, say=log)
     bad = [f"{c.graph}:{r['name']}" for c in checks for r in c.rows if not r["ok"]]
     unchecked = [c.skipped for c in checks if c.skipped]
     return meta, (checks, bad, unchecked)

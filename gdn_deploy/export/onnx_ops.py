@@ -235,7 +235,8 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
                    output_names: Sequence[str] | None = None, opset: int = 20, external_data: bool = False,
                    interop: str | None = None, check_interop: bool = True, gdn_body: str = DEFAULT_BODY,
                    extra_translations: dict[Callable, Callable] | None = None,
-                   lazy_initializers: dict[str, Callable[[], torch.Tensor]] | None = None) -> onnx.ModelProto:
+                   lazy_initializers: dict[str, Callable[[], torch.Tensor]] | None = None,
+                   weights: Any = None, progress: Any = None, label: str = "graph") -> onnx.ModelProto:
     """Export ``module`` (an ``nn.Module`` or ``ExportedProgram``) calling gdn ops to ONNX and save it to ``path``.
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
@@ -248,6 +249,9 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     ``lazy_initializers`` (initializer name -> function returning its value; :mod:`.lazy_export`): the module
     holds placeholders; the program is built unoptimized, those initializers then read their real values when
     folded or saved (needs ``external_data`` and a ``path``).
+    ``weights`` (a :class:`~.weights_file.WeightsWriter` in ``path``'s folder, with ``external_data``): the big
+    initializers go straight into that shared file (:func:`.stream_weights.save_streamed`), not ``<path>.data``.
+    ``progress`` (:class:`gdn_deploy.progress.Progress`) is told each stage, ``label`` naming the graph.
     """
     if opset < MIN_OPSET:
         raise ValueError(f"opset: the gdn export needs ONNX opset >= {MIN_OPSET}, got {opset}")
@@ -262,6 +266,8 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     if interop is not None and check_interop and not isinstance(module, torch.export.ExportedProgram):
         from .interop import check_interop_limits
         check_interop_limits(module, args, kwargs)
+    stage = progress.begin if progress is not None else (lambda text: None)
+    stage(f"tracing {label} (torch.export)")
     try:
         if isinstance(module, torch.export.ExportedProgram):
             ep = module
@@ -277,8 +283,11 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     _check_pool_outputs(ep, functionalize_pool_updates(ep))
     table = translation_table(interop)
     table.update(extra_translations or {})
+    if weights is not None and (path is None or not external_data):
+        raise ValueError("weights: a shared weights file needs a path and external_data=True")
     if lazy_initializers is not None and (path is None or not external_data):
         raise ValueError("lazy_initializers: the weights are streamed to disk; pass a path and external_data=True")
+    stage(f"translating {label} to ONNX")
     try:
         with _reuse_torchlib_registry():
             prog = torch.onnx.export(ep, args, kwargs=kwargs or None, dynamo=True, custom_translation_table=table,
@@ -288,6 +297,7 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         if lazy_initializers is not None:
             from .lazy_export import attach_lazy_initializers
             attach_lazy_initializers(prog.model, lazy_initializers)
+            stage(f"optimizing {label} (constant folding)")
             prog.optimize()              # constant folding now reads the real (small) values
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"gdn export: ONNX translation failed ({type(e).__name__}): {_short(e)}") from e
@@ -296,7 +306,12 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         # the weights go to <path>.data tensor by tensor, straight from the module's parameters (no in-memory
         # ModelProto holding a second copy of every weight); the graph is then finished on the weight-less proto
         path = os.fspath(path)
-        prog.save(path, external_data=True)
+        if weights is not None:
+            from .stream_weights import save_streamed
+            save_streamed(prog.model, path, weights, progress=progress, label=f"writing weights of {label}")
+        else:
+            prog.save(path, external_data=True)
+        stage(f"finishing {label} (function bodies, checker)")
         model = onnx.load(path, load_external_data=False)
     else:
         model = prog.model_proto

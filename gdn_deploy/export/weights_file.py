@@ -10,6 +10,10 @@ gets its own range, and two names holding the same bytes share one. Smaller tens
 stay inline. Tensors are read one at a time (inline bytes from the graph, or a range of the graph's own
 ``<graph>.onnx.data``), so memory stays bounded by the largest tensor whatever the model size.
 
+An export of big weights writes ``weights.data`` directly instead (:class:`WeightsWriter`, filled graph by graph by
+:func:`gdn_deploy.export.stream_weights.save_streamed`) and passes the writer to :func:`share_weights`, which then
+keeps those references and only appends what is left.
+
 onnxruntime resolves ``location`` relative to the model file's folder (load graphs by path, not from bytes);
 TensorRT's parser does the same with ``parse_from_file`` or ``parse(bytes, path)`` (docs/tensorrt.md).
 """
@@ -25,8 +29,8 @@ from typing import Callable, Iterator, Sequence
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["WEIGHTS_FILE", "INLINE_BYTES", "ALIGN_BYTES", "SharedWeights", "share_weights", "external_locations",
-           "initializer_refs"]
+__all__ = ["WEIGHTS_FILE", "INLINE_BYTES", "ALIGN_BYTES", "SharedWeights", "WeightsWriter", "share_weights",
+           "external_locations", "initializer_refs"]
 
 WEIGHTS_FILE = "weights.data"
 INLINE_BYTES = 1024            # smaller initializers stay inside the graph (as onnx.save's default threshold)
@@ -43,6 +47,55 @@ class SharedWeights:
     unique_tensors: int
     references: int                # external initializers over all graphs
     graphs: list[str]
+
+
+class WeightsWriter:
+    """Appends tensors to one weights file, each distinct content once (sha256 of the bytes, as
+    :func:`share_weights`), tensors of 1 MiB or more page-aligned. :meth:`add` returns the ``(offset, length)`` an
+    external-data entry points at. An exporter streams every graph's initializers through one writer, so the
+    folder's ``weights.data`` is written once, directly (no per-graph ``<graph>.onnx.data`` first); the file is
+    complete after :meth:`close` (the export's staging folder makes the whole folder atomic)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fh = open(self.path, "wb")
+        self.seen: dict[bytes, tuple[int, int]] = {}
+        self.offset = 0
+        self.written = 0               # bytes of tensor data written (without padding)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def add(self, data: bytes | memoryview) -> tuple[int, int]:
+        key = hashlib.sha256(data).digest() + len(data).to_bytes(8, "little")
+        hit = self.seen.get(key)
+        if hit is not None:
+            return hit
+        if len(data) >= _ALIGN_FROM and self.offset % ALIGN_BYTES:
+            pad = ALIGN_BYTES - self.offset % ALIGN_BYTES
+            self._fh.write(b"\0" * pad)
+            self.offset += pad
+        self._fh.write(data)
+        self.seen[key] = (self.offset, len(data))
+        self.offset += len(data)
+        self.written += len(data)
+        return self.seen[key]
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+
+    def __enter__(self) -> "WeightsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _ext_info(t: onnx.TensorProto) -> dict[str, str]:
@@ -117,62 +170,63 @@ def _make_inline(t: onnx.TensorProto, data: bytes) -> None:
 
 
 def share_weights(folder: str | Path, graph_files: Sequence[str | Path], *, name: str = WEIGHTS_FILE,
-                  inline_bytes: int = INLINE_BYTES, log: Callable[[str], None] = lambda s: None) -> SharedWeights:
+                  inline_bytes: int = INLINE_BYTES, log: Callable[[str], None] = lambda s: None,
+                  writer: WeightsWriter | None = None) -> SharedWeights:
     """Move the initializers of ``graph_files`` (ONNX files in ``folder``) into ONE shared file ``folder/name``.
 
-    Files are written atomically (``*.tmp`` then rename; graphs only after the weights file is complete); the
-    per-graph external-data files the graphs referred to before (e.g. ``prefill.onnx.data``) are deleted once no
-    graph refers to them. Returns a :class:`SharedWeights` summary.
+    Without ``writer`` the weights file is written atomically (``*.tmp`` then rename). With an open
+    :class:`WeightsWriter` (the exporter's, which already streamed the big initializers into its file), references
+    to that file are kept as they are, any other initializer is appended to it, and the writer is closed. Graphs
+    are rewritten only after the weights file is complete (``*.tmp`` then rename); the per-graph external-data
+    files the graphs referred to before (e.g. ``prefill.onnx.data``) are deleted once no graph refers to them.
+    Returns a :class:`SharedWeights` summary.
     """
     folder = Path(folder)
     paths = [folder / Path(p).name for p in graph_files]
-    target = folder / name
-    tmp_weights = target.with_name(target.name + ".tmp")
-    seen: dict[bytes, tuple[int, int]] = {}
+    own = writer is None
+    if own:
+        target = folder / name
+        tmp_weights = target.with_name(target.name + ".tmp")
+        writer = WeightsWriter(tmp_weights)
+    else:
+        target, name, tmp_weights = writer.path, writer.name, None
     models: list[onnx.ModelProto] = []
     old_locations: set[str] = set()
-    offset = referenced = refs = 0
+    referenced = refs = 0
     t0 = time.perf_counter()
     try:
-        with open(tmp_weights, "wb") as out:
+        with writer:
             for path in paths:
                 model = onnx.load(str(path), load_external_data=False)
                 old_locations |= external_locations(model)
                 for t in _initializers(model):
+                    if not own and t.data_location == onnx.TensorProto.EXTERNAL and _ext_info(t)["location"] == name:
+                        referenced += int(_ext_info(t)["length"])      # streamed there by the exporter
+                        refs += 1
+                        continue
                     data = _tensor_bytes(t, folder)
                     if len(data) < inline_bytes:
                         if t.data_location == onnx.TensorProto.EXTERNAL:
                             _make_inline(t, data)
                         continue
-                    key = hashlib.sha256(data).digest() + len(data).to_bytes(8, "little")
-                    if key not in seen:
-                        if len(data) >= _ALIGN_FROM and offset % ALIGN_BYTES:
-                            pad = ALIGN_BYTES - offset % ALIGN_BYTES
-                            out.write(b"\0" * pad)
-                            offset += pad
-                        out.write(data)
-                        seen[key] = (offset, len(data))
-                        offset += len(data)
-                    _set_external(t, name, *seen[key])
+                    _set_external(t, name, *writer.add(data))
                     referenced += len(data)
                     refs += 1
                     del data
                 models.append(model)
-                log(f"  {path.name}: initializers -> {name} ({len(seen)} distinct tensors, {offset / 1e6:.1f} MB "
-                    f"so far, {time.perf_counter() - t0:.1f} s)")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp_weights, target)
+                log(f"  {path.name}: initializers -> {name} ({len(writer.seen)} distinct tensors, "
+                    f"{writer.offset / 1e6:.1f} MB so far, {time.perf_counter() - t0:.1f} s)")
+        if tmp_weights is not None:
+            os.replace(tmp_weights, target)
         for path, model in zip(paths, models):
             tmp = path.with_name(path.name + ".tmp")
             onnx.save_model(model, str(tmp))
             os.replace(tmp, path)
     finally:
-        if tmp_weights.exists():
+        if tmp_weights is not None and tmp_weights.exists():
             tmp_weights.unlink()
     for loc in sorted(old_locations - {name}):
         stale = folder / loc
         if stale.is_file():
             stale.unlink()
-    return SharedWeights(target, target.stat().st_size, referenced, len(seen), refs, [p.name for p in paths])
-
+    return SharedWeights(target, target.stat().st_size, referenced, len(writer.seen), refs, [p.name for p in paths])

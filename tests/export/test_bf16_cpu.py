@@ -66,3 +66,21 @@ def test_cpu_session_from_a_file_keeps_io_names_and_types(tmp_path):
     sess = cpu_session(tmp_path / "g.onnx")
     assert [(i.name, i.type) for i in sess.get_inputs()] == [("x", "tensor(bfloat16)"), ("flag", "tensor(bool)")]
     assert [(o.name, o.type) for o in sess.get_outputs()] == [("y", "tensor(bfloat16)"), ("s", "tensor(bfloat16)")]
+
+
+def test_cpu_session_of_a_model_too_big_for_protobuf_goes_through_a_file(tmp_path, monkeypatch):
+    """A real-size bf16 model (float32 copy over 2 GB): protobuf's ByteSize raises on such a message, so the size
+    test must not call it; the session is built from a temporary file with external data and computes the same."""
+    import gdn_deploy.export.bf16_cpu as bf16_cpu
+    w, c = torch.randn(8, 4), torch.randn(4)
+    onnx.save_model(_model(w, c), str(tmp_path / "g.onnx"))
+    feed = {"x": torch.randn(5, 8).to(torch.bfloat16), "flag": torch.tensor(True)}
+    small = run_onnxruntime(cpu_session(tmp_path / "g.onnx"), feed)
+
+    def too_big(self):
+        raise AssertionError("ByteSize called on a model whose weights exceed the in-memory limit")
+    monkeypatch.setattr(bf16_cpu, "IN_MEMORY_BYTES", 16)                     # W (8x4 float32, 128 B) is "big"
+    monkeypatch.setattr(onnx.ModelProto, "ByteSize", too_big)
+    big = run_onnxruntime(cpu_session(tmp_path / "g.onnx"), feed)
+    for name in small:
+        assert torch.equal(torch.as_tensor(big[name]).float(), torch.as_tensor(small[name]).float()), name

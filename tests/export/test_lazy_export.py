@@ -76,3 +76,29 @@ def test_auto_picks_eager_loading_for_small_folders(lazy_export, monkeypatch):
     monkeypatch.setenv("GDN_LAZY_BYTES", "1000")
     assert is_lazy(load_targets(str(root / "hf"), lazy=None)[0])
     assert not is_lazy(load_targets(str(root / "hf"), lazy=None, blocks=True)[0])    # blocks load eagerly
+
+
+def test_gdn_check_of_a_lazy_folder_verifies_files_and_says_not_checked(lazy_export, capsys):
+    """gdn-check: sizes, sha256 and graph I/O checked, numerics honestly NOT CHECKED (exit 9), not a LoadError about
+    missing reference files; --from-model rebuilds the float32 model (it fits here) and checks: PASS."""
+    import shutil
+
+    from gdn_deploy.errors import ExitCode
+    from gdn_deploy.export.check_cli import main as gdn_check
+    root = lazy_export
+    assert gdn_check([str(root / "out")]) == ExitCode.NOT_CHECKED
+    out = capsys.readouterr().out
+    assert "files:" in out and "NOT CHECKED" in out and "gdn-check: NOT CHECKED" in out
+    copy = root / "out_from_model"                  # a sibling: the relative source path still resolves
+    shutil.copytree(root / "out", copy)
+    with open(copy / "weights.data", "r+b") as fh:   # tampered weights: refused before any numerics
+        fh.seek(12345)
+        b = fh.read(1)
+        fh.seek(12345)
+        fh.write(bytes([b[0] ^ 1]))
+    assert gdn_check([str(copy), "-q"]) != ExitCode.OK
+    shutil.rmtree(copy)
+    shutil.copytree(root / "out", copy)
+    assert gdn_check([str(copy), "--from-model", "-q"]) == ExitCode.OK
+    assert "not_checked" not in json.loads((copy / "gdn_model.json").read_text())
+    assert gdn_check([str(copy), "-q"]) == ExitCode.OK      # the folder now holds its reference

@@ -169,3 +169,48 @@ def test_gdn_check_and_two_sessions_on_the_shared_file(exported, capsys):
         for name in names[:1]:
             want = np.asarray(ref[name])
             assert np.abs(got[name] - want).max() <= 1e-4 + 1e-3 * np.abs(want).max(), (g, name)
+
+
+def _referenced_contents(folder) -> dict[str, dict[str, str]]:
+    """graph file -> initializer name -> sha256 of the bytes it reads (external range or inline)."""
+    import hashlib
+    out = {}
+    for f in sorted(folder.glob("*.onnx")):
+        model = onnx.load(str(f), load_external_data=False)
+        rows = {}
+        for t in model.graph.initializer:
+            if t.data_location == TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in t.external_data}
+                with open(folder / info["location"], "rb") as fh:
+                    fh.seek(int(info["offset"]))
+                    data = fh.read(int(info["length"]))
+            else:
+                data = t.raw_data
+            rows[t.name] = hashlib.sha256(data).hexdigest()
+        out[f.name] = rows
+    return out
+
+
+def test_streamed_weights_equal_the_shared_copy(exported, tmp_path):
+    """external_data exports (big eager models, every lazy one) stream each initializer straight into weights.data
+    (stream_weights.save_streamed): no <graph>.onnx.data on the way, and every graph reads the very bytes the
+    default path (inline graphs, then share_weights) gives it; with progress shown the files are the same."""
+    import io
+    from gdn_deploy.export.loading import load_targets
+    from gdn_deploy.export.model_export import ExportOptions, export_model
+    from gdn_deploy.progress import Progress
+    out, _, _ = exported
+    target = load_targets(str(out.parent / "hf"))[0]
+    log = io.StringIO()
+    progress = Progress("gdn-export", stream=log, tty=False)
+    progress.interval = 0.0                  # a line per update: the stages must all be named
+    res = export_model(target, tmp_path / "streamed", ExportOptions(external_data=True), progress=progress)
+    streamed = tmp_path / "streamed"
+    assert not list(streamed.glob("*.onnx.data")) and not list(streamed.glob("*.tmp"))
+    assert _referenced_contents(streamed) == _referenced_contents(out)
+    assert (streamed / WEIGHTS_FILE).stat().st_size == (out / WEIGHTS_FILE).stat().st_size
+    assert res.verification and all(r["ok"] for rows in res.verification.values() for r in rows)
+    text = log.getvalue()
+    for stage in ("tracing prefill", "translating decode to ONNX", "writing weights of prefill"):
+        assert f"gdn-export: {stage}" in text, text[-2000:]
+    assert "%)" in text                       # bytes done / total
