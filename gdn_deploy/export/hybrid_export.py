@@ -12,6 +12,7 @@ Besides the common sidecar (:mod:`.metadata`) a hybrid export records:
 - ``generation``: ``eos_token_ids`` (config.json's, plus generation_config.json's when the folder has one),
   ``bos_token_id``, ``pad_token_id``, ``max_position_embeddings``, ``vocab_size``, ``prefill_logits`` ("last" or
   "all");
+- ``speculative`` (verify / commit / draft exported): :mod:`.speculative_export`;
 - ``tokenizer``: ``"tokenizer.json"`` when the Hugging Face folder had one (copied here; read offline with the
   ``tokenizers`` package).
 """
@@ -39,6 +40,8 @@ def hybrid_metadata(meta: dict[str, Any], target: ExportTarget, outdir: Path,
         meta["model"]["moe"] = {"prefill": HybridPrefillGraph(target.module).moe_impl,
                                 "decode": HybridDecodeGraph(target.module).moe_impl}
     meta["states"] = hybrid_state_specs(target.module)
+    from .speculative_export import speculative_metadata
+    speculative_metadata(meta, target)
     src = target.source.get("model")
     hf_dir = Path(src) if src and target.source.get("format") == "hf" else None
     eos = list(c.eos_token_ids)

@@ -109,7 +109,7 @@ class HybridPrefillGraph(nn.Module):
         logits, states = self.net.forward_prefill(input_ids, cu_seqlens, positions=positions,
                                                   last_only=not self.all_logits, attention=self.attention,
                                                   hidden_out=normed)
-        return (logits, *normed[:1], *_flatten(self.net.hybrid_config.layer_types, states, self.net.dtype))
+        return (logits, *(normed or []), *_flatten(self.net.hybrid_config.layer_types, states, self.net.dtype))
 
 
 class HybridDecodeGraph(nn.Module):
