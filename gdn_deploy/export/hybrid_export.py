@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .hybrid_graphs import HybridDecodeGraph, HybridPrefillGraph, hybrid_state_specs
+from .speculative_export import speculative_metadata
 from .targets import ExportTarget
 
 __all__ = ["hybrid_metadata", "TOKENIZER_FILE"]
@@ -40,7 +41,6 @@ def hybrid_metadata(meta: dict[str, Any], target: ExportTarget, outdir: Path,
         meta["model"]["moe"] = {"prefill": HybridPrefillGraph(target.module).moe_impl,
                                 "decode": HybridDecodeGraph(target.module).moe_impl}
     meta["states"] = hybrid_state_specs(target.module)
-    from .speculative_export import speculative_metadata
     speculative_metadata(meta, target)
     src = target.source.get("model")
     hf_dir = Path(src) if src and target.source.get("format") == "hf" else None

@@ -15,10 +15,9 @@ from typing import Any, Callable, Sequence
 
 from ..errors import LoadError, UsageError, first_line
 from ..spec import SPEC
+from .speculative_graphs import SPECULATIVE_GRAPHS
 
-__all__ = ["speculative_targets", "speculative_metadata", "SPECULATIVE_GRAPHS"]
-
-SPECULATIVE_GRAPHS = ("verify", "commit", "draft")
+__all__ = ["speculative_targets", "speculative_metadata"]
 
 
 def speculative_targets(targets: Sequence, graphs: Sequence[str], flag: bool,

@@ -42,11 +42,9 @@ from ..lm.speculative_steps import conv_commit, uniform_cu_seqlens, verify_step
 from .hybrid_graphs import _dtype_name, hybrid_state_specs
 
 __all__ = ["SPECULATIVE_GRAPHS", "HybridVerifyGraph", "HybridCommitGraph", "HybridDraftGraph", "speculative_io",
-           "speculative_example_feed", "commit_names", "SPECULATIVE_DIM_DOCS"]
+           "speculative_module", "speculative_example_feed", "commit_names", "mtp_cache_specs"]
 
 SPECULATIVE_GRAPHS = ("verify", "commit", "draft")
-SPECULATIVE_DIM_DOCS = {"L": "tokens per sequence of a verify call (the last accepted token + its drafts, <= 16); "
-                             "entries per sequence of a draft call"}
 _FACTORS = ("conv_inputs", "commit_k", "commit_delta", "commit_g")
 
 

@@ -182,8 +182,8 @@ class MTPDrafter:
 
     def select(self, rows: Tensor) -> None:
         self.runner.select(rows)
-        self.last_logits, self.last_hidden = self.last_logits.index_select(0, rows), self.last_hidden.index_select(0, rows)
-        self.last_pos = self.last_pos.index_select(0, rows)
+        self.last_logits = self.last_logits.index_select(0, rows)
+        self.last_hidden, self.last_pos = self.last_hidden.index_select(0, rows), self.last_pos.index_select(0, rows)
 
 
 class TorchTarget:
@@ -339,7 +339,8 @@ def _torch_parts(folder, backend, mode: str):
     if not isinstance(model, HybridLM):
         raise UsageError("--speculative needs a language model export")
     if model.embed_tokens.weight.device.type != "cpu":
-        raise UsageError("--speculative runs on the CPU for now (the speculative generation path has not been run on a GPU)")
+        raise UsageError("--speculative runs on the CPU for now (the speculative generation path has not been run on "
+                         "a GPU)")
     if mode == "ngram":
         return model, None
     from ..lm.hf_folder import CheckpointError
