@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import UsageError
+from ..lm.mlp import SparseMoE
 from ..lm.mtp import lm_head_logits
 from ..lm.speculative_steps import conv_commit, uniform_cu_seqlens, verify_step
 from .hybrid_graphs import _dtype_name, hybrid_state_specs
@@ -158,17 +159,21 @@ class HybridCommitGraph(nn.Module):
 
 
 class HybridDraftGraph(nn.Module):
-    """One call of the MTP head (its first layer) plus the shared embeddings and lm_head."""
+    """One call of the MTP head (its first layer) plus the shared embeddings and lm_head. ``moe_impl``: how an
+    MoE MLP of the head runs ("gather" for export, as decode)."""
 
     def __init__(self, model, head):
         super().__init__()
         if len(head.layers) != 1:
             raise UsageError(f"draft: the MTP head has {len(head.layers)} layers; draft.onnx exports a one-layer "
                              "head (the layout of the Qwen3.5 / Qwen3-Next checkpoints)")
-        self.embed_tokens, self.lm_head, self.head = model.embed_tokens, model.lm_head, head
+        self.embed_tokens, self.lm_head, self.head, self.moe_impl = model.embed_tokens, model.lm_head, head, "gather"
 
     def forward(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, last: Tensor, key_cache: Tensor,
                 value_cache: Tensor):
+        for m in self.head.modules():
+            if isinstance(m, SparseMoE):
+                m.impl = self.moe_impl
         B, L = input_ids.shape
         emb = self.embed_tokens(input_ids)
         out, caches = self.head.forward_cached(emb, hidden.to(emb.dtype), positions, [(key_cache, value_cache)], 0)
