@@ -14,6 +14,8 @@ tokenizer.json (read offline with the tokenizers package; the bundled byte-level
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --compare --hf ./Qwen3.5-0.8B
   python samples/decode_loop.py --model qwen35 --backend tensorrt      # TensorRT + the gdn plugin library
   python samples/decode_loop.py --model qwen35 --speculative mtp --draft-tokens 3   # MTP drafts, torch, CPU
+  gdn-export ./Qwen3.5-0.8B -o qwen35s --speculative && \
+    python samples/decode_loop.py --model qwen35s --backend onnxruntime --speculative mtp   # verify/commit/draft.onnx
 
 Greedy by default; --temperature T (> 0) samples, with --top-k, --top-p, --min-p, --repetition-penalty and --seed
 (the same seed gives the same tokens on the same backend and device). --stop TEXT (repeatable) ends a sequence at
@@ -85,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", default=None, metavar="HF_FOLDER", help="with --compare: Hugging Face transformers")
     p.add_argument("--allow-pickle", action="store_true", help="allow a pickled .pt MODEL (UNSAFE)")
     p.add_argument("--speculative", choices=["mtp", "ngram"], default=None,
-                   help="self-speculative greedy decoding (torch backend, CPU): drafts from the checkpoint's MTP head "
-                        "or prompt lookup, verified K+1 tokens per call; the tokens equal plain greedy decoding")
+                   help="self-speculative greedy decoding (torch backend on the CPU, or onnxruntime on a gdn-export "
+                        "--speculative folder): drafts from the checkpoint's MTP head or prompt lookup, verified K+1 "
+                        "tokens per call; the tokens equal plain greedy decoding")
     p.add_argument("--draft-tokens", type=int, default=3, metavar="K", help="draft tokens per step (1..15)")
     p.add_argument("-q", "--quiet", action="store_true", help="only the results")
     return p

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=None,
                    help="ONNX default-domain opset, 18..27 (default: 20; 27 with --interop onnx)")
     p.add_argument("--graphs", default="prefill,decode", metavar="LIST",
-                   help="comma list of prefill, decode, decode_pool (default: prefill,decode)")
+                   help="comma list of prefill, decode, decode_pool, verify, commit, draft (default: prefill,decode)")
     p.add_argument("--interop", choices=["com.microsoft", "onnx"], default=None,
                    help="emit LinearAttention (onnxruntime contrib op, or ONNX opset 27) instead of the gdn "
                         "custom ops: for onnxruntime-only users; prefill then needs equal-length sequences")
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-logits", action="store_true",
                    help="whole HF model: prefill returns every token's logits [T, vocab] (default: each "
                         "sequence's last token, [N, vocab])")
+    p.add_argument("--speculative", action="store_true",
+                   help="whole HF model: also export verify.onnx and commit.onnx (speculative decoding, "
+                        "decode_loop --speculative), and draft.onnx when the folder has MTP weights (mtp.*)")
     p.add_argument("--max-context", type=int, default=4096, metavar="S",
                    help="TensorRT profile: max KV-cache slots per sequence of a whole HF model (default: 4096)")
     p.add_argument("--allow-pickle", action="store_true",
@@ -150,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
     with progress.step(f"loading {args.model}"):
         targets = load_targets(args.model, layer=args.layer, allow_pickle=args.allow_pickle, blocks=args.blocks,
                                lazy={"auto": None, "on": True, "off": False}[args.lazy_weights])
+    if args.speculative or any(g in opts.graphs for g in ("verify", "commit", "draft")):
+        from .speculative_export import speculative_targets
+        opts.graphs = speculative_targets(targets, opts.graphs, args.speculative, say)
     written = []
     for t in targets:
         layer = t.source.get("layer")

@@ -27,7 +27,7 @@ from .targets import DTYPE_NAMES, ExportTarget
 
 __all__ = ["GRAPHS", "GraphPlan", "graph_plan", "example_feed"]
 
-GRAPHS = ("prefill", "decode", "decode_pool")
+GRAPHS = ("prefill", "decode", "decode_pool", "verify", "commit", "draft")   # the last three: hybrid LMs only
 
 
 class _Flat(nn.Module):
@@ -107,6 +107,9 @@ def graph_plan(target: ExportTarget, graph: str) -> GraphPlan:
         raise UsageError(f"unknown graph {graph!r}: expected some of {', '.join(GRAPHS)}")
     if target.kind == "hybrid":
         return _hybrid_plan(target, graph)
+    if graph in ("verify", "commit", "draft"):
+        raise UsageError(f"{graph}: the speculative graphs (verify, commit, draft) are exported for whole hybrid "
+                         "language models (a Hugging Face folder); leave it out of --graphs")
     h = target.heads()
     act = DTYPE_NAMES[target.dtype]
     rows = {"prefill": "T", "decode": "B", "decode_pool": "B"}[graph]
@@ -139,10 +142,17 @@ def _hybrid_plan(target: ExportTarget, graph: str) -> GraphPlan:
     if graph == "decode_pool":
         raise UsageError("decode_pool: a whole hybrid model exports prefill and decode (its attention layers keep "
                          "KV caches, which the state pool does not cover); leave decode_pool out of --graphs")
-    ins, outs = hybrid_io(target.module, graph, all_logits=target.all_logits)
+    if graph in ("verify", "commit", "draft"):
+        from .speculative_graphs import speculative_io, speculative_module
+        ins, outs = speculative_io(target.module, graph, target.mtp_head)
+        fixed = {"verify": 2, "commit": 1, "draft": None}[graph]
+        return GraphPlan(graph, speculative_module(target.module, graph, target.mtp_head).eval(), ins, outs,
+                         fixed_inputs=fixed)
+    hidden = target.mtp_head is not None          # the MTP head reads prefill's normed hidden states
+    ins, outs = hybrid_io(target.module, graph, all_logits=target.all_logits, hidden=hidden)
     if graph == "prefill":
-        return GraphPlan(graph, HybridPrefillGraph(target.module, target.all_logits).eval(), ins, outs,
-                         fixed_inputs=3)
+        return GraphPlan(graph, HybridPrefillGraph(target.module, target.all_logits, hidden=hidden).eval(), ins,
+                         outs, fixed_inputs=3)
     return GraphPlan(graph, HybridDecodeGraph(target.module).eval(), ins, outs, fixed_inputs=2)
 
 
@@ -161,6 +171,11 @@ def example_feed(target: ExportTarget, graph: str, *, tokens: int = 11, seqs: in
     if target.kind == "hybrid":
         from .hybrid_graphs import hybrid_example_feed
         graph_plan(target, graph)                 # refuses decode_pool with the usual line
+        if graph in ("verify", "commit", "draft"):
+            from .speculative_graphs import speculative_example_feed
+            return speculative_example_feed(target.module, graph, target.mtp_head, batch=batch,
+                                            tokens=max(2, min(tokens // 2, 16)), capacity=max(pool, 2) + tokens,
+                                            seed=seed, zero_states=zero_states)
         return hybrid_example_feed(target.module, graph, tokens=tokens, seqs=seqs, batch=batch,
                                    capacity=max(pool, 2) + 3, seed=seed, zero_states=zero_states)
     if equal_lengths and graph == "prefill":

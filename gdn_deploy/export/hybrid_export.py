@@ -12,6 +12,7 @@ Besides the common sidecar (:mod:`.metadata`) a hybrid export records:
 - ``generation``: ``eos_token_ids`` (config.json's, plus generation_config.json's when the folder has one),
   ``bos_token_id``, ``pad_token_id``, ``max_position_embeddings``, ``vocab_size``, ``prefill_logits`` ("last" or
   "all");
+- ``speculative`` (verify / commit / draft exported): :mod:`.speculative_export`;
 - ``tokenizer``: ``"tokenizer.json"`` when the Hugging Face folder had one (copied here; read offline with the
   ``tokenizers`` package).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .hybrid_graphs import HybridDecodeGraph, HybridPrefillGraph, hybrid_state_specs
+from .speculative_export import speculative_metadata
 from .targets import ExportTarget
 
 __all__ = ["hybrid_metadata", "TOKENIZER_FILE"]
@@ -39,6 +41,7 @@ def hybrid_metadata(meta: dict[str, Any], target: ExportTarget, outdir: Path,
         meta["model"]["moe"] = {"prefill": HybridPrefillGraph(target.module).moe_impl,
                                 "decode": HybridDecodeGraph(target.module).moe_impl}
     meta["states"] = hybrid_state_specs(target.module)
+    speculative_metadata(meta, target)
     src = target.source.get("model")
     hf_dir = Path(src) if src and target.source.get("format") == "hf" else None
     eos = list(c.eos_token_ids)

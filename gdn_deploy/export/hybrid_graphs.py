@@ -59,8 +59,9 @@ def hybrid_state_specs(model) -> list[dict[str, Any]]:
     return out
 
 
-def hybrid_io(model, graph: str, all_logits: bool = False) -> tuple[list[dict], list[dict]]:
-    """(inputs, outputs) of a graph: ``{"name", "shape", "dtype"}`` dicts in graph order."""
+def hybrid_io(model, graph: str, all_logits: bool = False, hidden: bool = False) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of a graph: ``{"name", "shape", "dtype"}`` dicts in graph order. ``hidden``: prefill also
+    returns ``hidden [T, H]``, every token's final-normed hidden state (MTP exports: the draft head reads it)."""
     V = model.hybrid_config.vocab_size
     act = _dtype_name(model.dtype)
     states = hybrid_state_specs(model)
@@ -69,6 +70,8 @@ def hybrid_io(model, graph: str, all_logits: bool = False) -> tuple[list[dict], 
                {"name": "cu_seqlens", "shape": ["N+1"], "dtype": "int32"},
                {"name": "positions", "shape": ["T"], "dtype": "int64"}]
         outs = [{"name": "logits", "shape": ["T" if all_logits else "N", V], "dtype": act}]
+        if hidden:
+            outs.append({"name": "hidden", "shape": ["T", model.hybrid_config.hidden_size], "dtype": act})
         outs += [{"name": s["prefill_output"], "shape": s["prefill_shape"], "dtype": s["dtype"]} for s in states]
         return ins, outs
     if graph == "decode":
@@ -95,15 +98,18 @@ class HybridPrefillGraph(nn.Module):
     """``moe_impl``: "grouped" for export; the PyTorch runtime sets "routed". ``attention``: "mask" for export (a
     graph with no host reads); the PyTorch runtime sets "spans" (fused causal attention per sequence)."""
 
-    def __init__(self, model, all_logits: bool = False):
+    def __init__(self, model, all_logits: bool = False, hidden: bool = False):
         super().__init__()
         self.net, self.all_logits, self.moe_impl, self.attention = model, all_logits, "grouped", "mask"
+        self.hidden = hidden
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, positions: Tensor):
         self.net.set_moe_impl(self.moe_impl)
+        normed: list = [] if self.hidden else None
         logits, states = self.net.forward_prefill(input_ids, cu_seqlens, positions=positions,
-                                                  last_only=not self.all_logits, attention=self.attention)
-        return (logits, *_flatten(self.net.hybrid_config.layer_types, states, self.net.dtype))
+                                                  last_only=not self.all_logits, attention=self.attention,
+                                                  hidden_out=normed)
+        return (logits, *(normed or []), *_flatten(self.net.hybrid_config.layer_types, states, self.net.dtype))
 
 
 class HybridDecodeGraph(nn.Module):

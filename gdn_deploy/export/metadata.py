@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import LoadError, UsageError
+from ..spec import SPEC
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "SIDECAR_NAME", "DIM_DOCS", "MetadataError", "NotAnExport", "eval_dim",
            "suggest_profiles", "build_metadata", "write_metadata", "read_metadata", "find_sidecar", "file_digest",
@@ -56,6 +57,7 @@ DIM_DOCS = {
     "B": "decode batch: sequences advanced by one token",
     "P": "rows of a state pool (decode_pool graph)",
     "S": "decode KV-cache capacity per sequence (hybrid models' attention layers; every position < S)",
+    "L": "tokens per sequence of a speculative verify call (last accepted token + drafts), entries of a draft call",
 }
 
 
@@ -82,10 +84,11 @@ def _profile_sizes(max_tokens: int, max_seqs: int, max_context: int = 4096) -> d
         raise MetadataError(f"profile limits must be >= 1 (max_tokens={max_tokens}, max_seqs={max_seqs}, "
                             f"max_context={max_context})")
     return {
-        "min": {"T": 1, "N": 1, "B": 1, "P": 1, "S": 1},
+        "min": {"T": 1, "N": 1, "B": 1, "P": 1, "S": 1, "L": 1},
         "opt": {"T": max(1, max_tokens // 4), "N": max(1, max_seqs // 4), "B": max(1, max_seqs // 4),
-                "P": max_seqs, "S": max(1, max_context // 4)},
-        "max": {"T": max_tokens, "N": max_seqs, "B": max_seqs, "P": max_seqs, "S": max_context},
+                "P": max_seqs, "S": max(1, max_context // 4), "L": 4},
+        "max": {"T": max_tokens, "N": max_seqs, "B": max_seqs, "P": max_seqs, "S": max_context,
+                "L": SPEC.max_draft_tokens},
     }
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.gdn.*)
-from ..spec import DECODE, PREFILL, SPEC, STATE_POOL, contract_error
+from ..spec import COMMIT, DECODE, PREFILL, SPEC, STATE_POOL, VERIFY, contract_error
 from .onnx_functions import BODIES, DEFAULT_BODY, MIN_OPSET, add_function_bodies
 from ..onnx_nodes import gdn_nodes, stamp_plugin_attributes
 from .onnx_schemas import register_schemas
@@ -112,6 +112,25 @@ def _decode_pool_translation(q, k, v, g, beta, pool, slots, A_log=None, dt_bias=
                    l2norm_eps)
 
 
+def _verify_translation(q, k, v, g, beta, cu_seqlens, state, slots=None, A_log=None, dt_bias=None, gate_mode=0,
+                        use_qk_l2norm=0, scale=0.0, l2norm_eps=1e-6, state_mode=0):
+    """gdn::verify -> GatedDeltaVerify (outputs o, commit_k, commit_delta, commit_g)."""
+    attrs = VERIFY.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale, l2norm_eps=l2norm_eps,
+                         state_mode=state_mode)
+    ins = _present_inputs(VERIFY, attrs, dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state=state,
+                                              slots=slots, A_log=A_log, dt_bias=dt_bias))
+    return _gdn_opset().GatedDeltaVerify(*ins, **_onnx_attrs(VERIFY, attrs))
+
+
+def _commit_translation(state, commit_k, commit_delta, commit_g, cu_seqlens, accepted, slots=None, state_mode=0):
+    """gdn::commit (the functional form) -> GatedDeltaCommit (output: the new state)."""
+    attrs = COMMIT.attrs(state_mode=state_mode)
+    ins = _present_inputs(COMMIT, attrs, dict(state=state, commit_k=commit_k, commit_delta=commit_delta,
+                                              commit_g=commit_g, cu_seqlens=cu_seqlens, accepted=accepted,
+                                              slots=slots))
+    return _gdn_opset().GatedDeltaCommit(*ins, **_onnx_attrs(COMMIT, attrs))
+
+
 def translation_table(interop: str | None = None) -> dict:
     """``custom_translation_table`` for the gdn torch ops.
 
@@ -128,9 +147,13 @@ def translation_table(interop: str | None = None) -> dict:
     else:
         register_schemas()
         fns = dict(prefill=_prefill_translation, decode=_decode_translation, decode_pool=_decode_pool_translation)
-    return {torch.ops.gdn.prefill.default: fns["prefill"], torch.ops.gdn.decode.default: fns["decode"],
-            torch.ops.gdn.decode_pool_.default: fns["decode_pool"],
-            torch.ops.gdn_export.decode_pool.default: fns["decode_pool"]}
+    table = {torch.ops.gdn.prefill.default: fns["prefill"], torch.ops.gdn.decode.default: fns["decode"],
+             torch.ops.gdn.decode_pool_.default: fns["decode_pool"],
+             torch.ops.gdn_export.decode_pool.default: fns["decode_pool"]}
+    if interop is None:     # the speculative ops have gdn nodes only (no LinearAttention form)
+        table.update({torch.ops.gdn.verify.default: _verify_translation,
+                      torch.ops.gdn.commit.default: _commit_translation})
+    return table
 
 
 # --- export ---------------------------------------------------------------------------------------

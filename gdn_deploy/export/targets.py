@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -24,11 +24,14 @@ DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat1
 class ExportTarget:
     """What gets exported: a GDNLM (kind "lm"), a whole hybrid causal LM (kind "hybrid", a
     :class:`~gdn_deploy.lm.HybridLM`: :mod:`.hybrid_graphs`) or one GDNBlock (kind "block"), and where it came
-    from. ``all_logits``: the hybrid prefill graph returns every token's logits instead of each sequence's last."""
+    from. ``all_logits``: the hybrid prefill graph returns every token's logits instead of each sequence's last.
+    ``mtp_head``: a hybrid model's MTP head (:mod:`gdn_deploy.lm.mtp`) when the speculative graphs are exported
+    with it (draft.onnx; prefill and verify then also return the final-normed hidden states)."""
     module: nn.Module
     kind: str
     source: dict[str, Any] = field(default_factory=dict)
     all_logits: bool = False
+    mtp_head: Optional[nn.Module] = None
 
     @property
     def config(self):
@@ -71,6 +74,7 @@ def cast_target(target: ExportTarget, precision: str) -> ExportTarget:
     if precision not in PRECISIONS:
         raise UsageError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     module = copy.deepcopy(target.module).to(PRECISIONS[precision]).eval()
-    return ExportTarget(module, target.kind, {**target.source, "precision": precision}, target.all_logits)
+    head = None if target.mtp_head is None else copy.deepcopy(target.mtp_head).to(PRECISIONS[precision]).eval()
+    return ExportTarget(module, target.kind, {**target.source, "precision": precision}, target.all_logits, head)
 
 

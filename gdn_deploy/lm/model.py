@@ -148,7 +148,8 @@ class HybridLM(nn.Module):
         return self.forward_decode(*args, **kwargs)
 
     def forward_prefill(self, input_ids: Tensor, cu_seqlens: Tensor, states: Optional[Sequence] = None,
-                        positions: Optional[Tensor] = None, last_only: bool = False, attention: str = "auto"):
+                        positions: Optional[Tensor] = None, last_only: bool = False, attention: str = "auto",
+                        hidden_out: Optional[list] = None):
         """input_ids [T] packed, cu_seqlens [N+1] int32 -> (logits, states).
 
         logits: ``[T, vocab]``, or ``[N, vocab]`` at each sequence's last token with ``last_only`` (every
@@ -156,7 +157,8 @@ class HybridLM(nn.Module):
         zeros) or None for attention layers. ``positions`` [T] (default: 0.. within each sequence) drive RoPE.
         ``attention``: how attention layers keep to each sequence: "mask" (a ``[T, T]`` block-diagonal mask, as
         the exported graphs do), "spans" (one fused causal attention per sequence; reads cu_seqlens on the host)
-        or "auto" (spans in eager mode, the mask while traced or exported)."""
+        or "auto" (spans in eager mode, the mask while traced or exported). ``hidden_out``: a list that receives
+        the final-normed hidden states of every token ``[T, hidden]`` (what an MTP head reads)."""
         T = input_ids.shape[0]
         st = self._check_states(states, "prefill")
         if positions is None:
@@ -173,6 +175,8 @@ class HybridLM(nn.Module):
         for layer, s in zip(self.layers, st):
             h, ns = layer.prefill(h, cu_seqlens, positions, mask, s)
             out.append(ns)
+        if hidden_out is not None:
+            hidden_out.append(self.norm(h))
         if last_only:
             h = h.index_select(0, cu_seqlens[1:].to(torch.long) - 1)
         return self._logits(h), out

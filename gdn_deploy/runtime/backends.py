@@ -69,28 +69,36 @@ class OnnxRuntimeBackend:
     def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None):
         import onnxruntime as ort
 
-        from ..export.runtimes import onnxruntime_session
         # onnxruntime's CPU provider has no bf16 arithmetic kernels: bf16 graphs run with float32 arithmetic there
         bf16_cpu = folder.meta.get("dtypes", {}).get("activations") == "bfloat16" and \
             set(providers) <= {"CPUExecutionProvider"}
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
+        self.folder, self.providers, self.options, self.bf16_cpu = folder, providers, opts, bf16_cpu
         self.sessions = {}
         for g in ("prefill", "decode"):
-            try:
-                if bf16_cpu:
-                    from ..export.bf16_cpu import cpu_session
-                    self.sessions[g] = cpu_session(folder.graph_file(g), opts)
-                else:
-                    self.sessions[g] = onnxruntime_session(folder.graph_file(g), providers, opts)
-            except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
-                raise LoadError(f"{folder.graph_file(g)}: onnxruntime cannot load it: {first_line(e)}") from None
+            self._open(g)
         self.device = torch.device("cpu")
+
+    def _open(self, g: str):
+        """The session of graph ``g`` (prefill and decode at start; others, e.g. verify, on first use)."""
+        from ..export.runtimes import onnxruntime_session
+        if g not in self.sessions:
+            path = self.folder.graph_file(g)
+            try:
+                if self.bf16_cpu:
+                    from ..export.bf16_cpu import cpu_session
+                    self.sessions[g] = cpu_session(path, self.options)
+                else:
+                    self.sessions[g] = onnxruntime_session(path, self.providers, self.options)
+            except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
+                raise LoadError(f"{path}: onnxruntime cannot load it: {first_line(e)}") from None
+        return self.sessions[g]
 
     def run(self, graph: str, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
         from ..export.runtimes import run_onnxruntime
-        sess = self.sessions[graph]
+        sess = self._open(graph)
         return run_onnxruntime(sess, {i.name: feed[i.name].cpu() for i in sess.get_inputs()})
 
 

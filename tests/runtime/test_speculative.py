@@ -21,7 +21,7 @@ from gdn_deploy.lm.model import decode_states_from_prefill  # noqa: E402
 from gdn_deploy.lm.mtp import MTPHead, MTPWeightsMissing, load_mtp_head  # noqa: E402
 from gdn_deploy.lm.speculative_steps import attend_cached, commit, verify_step  # noqa: E402
 from gdn_deploy.runtime.speculative import (MTPDrafter, NgramDrafter, OracleDrafter,  # noqa: E402
-                                            speculative_generate)
+                                            TorchMTPRunner, speculative_generate)
 
 MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
@@ -82,7 +82,7 @@ def test_speculative_equals_greedy(family, gen, tmp_path):
     if has_mtp:
         head = load_mtp_head(tmp_path, model)
         assert next(head.parameters()).dtype == torch.float64
-        runs.append(("mtp", 3, MTPDrafter(model, head, max(map(len, prompts)) + n + 4)))
+        runs.append(("mtp", 3, MTPDrafter(TorchMTPRunner(model, head), max(map(len, prompts)) + n + 4)))
     for name, K, drafter in runs:
         res = speculative_generate(model, prompts, n, drafter, draft_tokens=K)
         assert res.tokens == want, (name, K)
