@@ -1,13 +1,13 @@
 """How onnxruntime CPU prefill time grows with the prompt length, and the decode step time at several batches.
 
   python benchmarks/bench_prefill_scaling.py [--config mid] [--lengths 512,2048,8192] [--batches 1,4,16]
-                                             [--new 16] [--threads 1] [--repeats 2] [--out DIR]
+                                             [--new 16] [--threads 1] [--repeats 1] [--out DIR]
 
 A random Hugging Face Qwen3.5 model of ``bench_generate.py``'s ``--config`` is built in memory (no downloads; "mid":
 the Qwen3.5-0.8B shapes, 4 layers = 3 GDN + 1 attention, 32K vocabulary), exported with the gdn_deploy on
-``PYTHONPATH`` (``verify=False``) and run by onnxruntime with ``--threads`` intra-op threads. Per length: the prefill
-time of one prompt of that many tokens (median of ``--repeats`` after a warm-up); per batch: the mean decode step
-time of that many sequences of 64 prompt tokens over ``--new`` steps. The growth column is time / time at the first
+``PYTHONPATH`` (``verify=False``) and run by onnxruntime with ``--threads`` intra-op threads. Per length: the
+prefill time of one prompt of that many tokens (median of ``--repeats``, after one short warm-up call); per batch:
+the mean decode step time of that many sequences of 64 prompt tokens over ``--new`` steps. The growth column is time / time at the first
 length divided by tokens / tokens at the first length (1.0 = linear). Uses only ``export_model`` / ``generate``, so
 it runs against any revision of the package (A/B by PYTHONPATH). Writes bench_prefill_scaling.json to --out.
 """
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -62,9 +62,9 @@ def main(argv=None) -> int:
         be = make_backend("onnxruntime", folder, threads=args.threads)
         V = folder.vocab_size
         gen = torch.Generator().manual_seed(0)
+        generate(folder, be, [list(range(16))], 2, eos_token_ids=[])                 # warm-up (session, arenas)
         for L in lengths:
             prompt = [torch.randint(0, V, (L,), generator=gen).tolist()]
-            generate(folder, be, prompt, 1, eos_token_ids=[])                         # warm-up
             ts = [generate(folder, be, prompt, 1, eos_token_ids=[]).prefill_seconds for _ in range(args.repeats)]
             rows.append({"tokens": L, "prefill_s": statistics.median(ts)})
             print(f"prefill {L:6d} tokens: {rows[-1]['prefill_s']:.3f} s", flush=True)
