@@ -111,3 +111,25 @@ def test_onnx_forms_match_float64(graphs, form, past, lens):
         assert _close(o.reshape(len(past), -1, H, D)[n, :m], ro[n, :m], 1e-5)
         assert torch.equal(kc[n, :, :past[n] + m].double(), rk[n, :, :past[n] + m])
         assert torch.equal(vc[n, :, :past[n] + m].double(), rv[n, :, :past[n] + m])
+
+
+def test_bf16_graph_runs_on_onnxruntime_cpu(tmp_path):
+    """A bf16 cache_attention graph (GroupQueryAttention has no bf16 CPU kernel) runs through bf16_cpu's float32
+    compute and equals the eager float32 result of the same bf16 inputs."""
+    from torch.export import Dim
+
+    from gdn_deploy.export.bf16_cpu import cpu_session
+    gen = torch.Generator().manual_seed(3)
+    ins = _inputs(gen, [0, 0], [4, 2], 7, torch.bfloat16)
+    N, L, S = Dim("N", min=1, max=64), Dim("L", min=1, max=1 << 12), Dim("S", min=2, max=1 << 12)
+    dyn = ({0: N, 1: L}, {0: N, 1: L}, {0: N, 1: L}, {0: N, 2: S}, {0: N, 2: S}, {0: N})
+    names = ["q", "k", "v", "k_cache", "v_cache", "past"]
+    export_program(_Mod(), ins, str(tmp_path / "bf.onnx"), dynamic_shapes=dyn, input_names=names,
+                   output_names=["o", "k_out", "v_out"])
+    from gdn_deploy.export.runtimes import run_onnxruntime
+    got = run_onnxruntime(cpu_session(str(tmp_path / "bf.onnx")), dict(zip(names, ins)))
+    assert got["o"].dtype == torch.bfloat16
+    o = got["o"].float()
+    want = cache_attention_ref(*(x.float() if x.is_floating_point() else x for x in ins), H, HKV, D ** -0.5)[0]
+    for n, m in enumerate([4, 2]):
+        assert _close(o.reshape(2, 4, H, D)[n, :m], want.reshape(2, 4, H, D)[n, :m], 1e-2)
