@@ -29,7 +29,7 @@ from bench_generate import CONFIGS, build_hf  # noqa: E402
 
 def main(argv=None) -> int:
     from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
-    ap = OneLineParser(prog="bench_prefill_scaling", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="bench_prefill_scaling.py", description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="mid")
     ap.add_argument("--lengths", default="512,2048,8192")
     ap.add_argument("--batches", default="1,4,16")
