@@ -144,11 +144,15 @@ def tensorrt_onnx_path(path: str | Path) -> Path:
 def write_tensorrt_onnx(path: str | Path, out: str | Path | None = None) -> Path | None:
     """Write the TensorRT-ready copy of the ONNX file ``path`` (:func:`prepare_onnx_for_tensorrt`) to ``out``
     (default :func:`tensorrt_onnx_path`) and return it; None when the model has no gdn nodes (e.g. an interop
-    export), then nothing is written. External data is not loaded: the copy refers to the same weight files."""
+    export), then nothing is written. External data is not loaded: the copy refers to the same weight files.
+    onnxruntime's GroupQueryAttention nodes (whole hybrid models) become ScatterND + the standard Attention
+    (:func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`)."""
+    from .export.onnx_cache_attention import expand_cache_attention
     model = onnx.load(str(path), load_external_data=False)
     if not all_gdn_nodes(model):
         return None
     prepare_onnx_for_tensorrt(model)
+    expand_cache_attention(model)
     dst = Path(out) if out is not None else tensorrt_onnx_path(path)
     onnx.save_model(model, str(dst))
     return dst

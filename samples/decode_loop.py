@@ -29,6 +29,11 @@ torch.compile (CUDA; 2.3x faster at batch 1 on an H100, docs/performance.md).
   python samples/decode_loop.py --model qwen35 -p "Once upon a time" -n 64 --temperature 0.8 --top-p 0.95 \
       --seed 1 --stop "\n\n" --stream
 
+--chat treats every --ids/-p as the next turn of ONE conversation: each turn's prefill continues from the states the
+previous turn left (only the new tokens are fed), then the reply is generated (greedy or sampled; -n per turn).
+
+  python samples/decode_loop.py --model qwen35 --backend onnxruntime --chat -p "Hi, I am Ann." -p "My name?" -n 24
+
 --compare runs the chosen backend and PyTorch and compares the tokens; with --hf HF_FOLDER it compares with
 Hugging Face transformers' generate(do_sample=False) run on each prompt alone and reports the largest prefill
 logit difference. A difference exits with code 5 and names the first differing prompt and position.
@@ -91,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--speculative folder): drafts from the checkpoint's MTP head or prompt lookup, verified K+1 "
                         "tokens per call; the tokens equal plain greedy decoding")
     p.add_argument("--draft-tokens", type=int, default=3, metavar="K", help="draft tokens per step (1..15)")
+    p.add_argument("--chat", action="store_true", help="every --ids/-p is the next turn of one conversation "
+                   "(prefill continues from the previous turn's states)")
     p.add_argument("-q", "--quiet", action="store_true", help="only the results")
     return p
 
@@ -280,6 +287,22 @@ def use_engine(args, backend, say) -> bool:
     return True
 
 
+def run_chat(folder, backend, turns, texts, budgets, eos, sampling, codec) -> int:
+    """--chat: the prompts are the turns of one conversation (gdn_deploy.runtime.conversation)."""
+    from gdn_deploy.runtime.conversation import Conversation
+    per_turn = budgets if isinstance(budgets, list) else [budgets] * len(turns)
+    if len(per_turn) != len(turns):
+        raise UsageError(f"-n: {len(per_turn)} budgets for {len(turns)} turns (give one, or one per turn)")
+    chat = Conversation(folder, backend, sampling=sampling, eos_token_ids=eos)
+    for i, (turn, n) in enumerate(zip(turns, per_turn)):
+        reply = chat.turn(turn, n)
+        print(f"[turn {i}] {turn if texts[i] is None else repr(texts[i])} -> {reply}")
+        if codec.has_text:
+            print(f"    text: {codec.decode(reply)!r}")
+    print(f"conversation: {len(chat.fed) + len(chat.pending)} tokens, each fed once")
+    return ExitCode.OK
+
+
 def main_body(args) -> int:
     from gdn_deploy.runtime.backends import make_backend
     from gdn_deploy.runtime.generation import check_prompts, generate
@@ -292,6 +315,8 @@ def main_body(args) -> int:
         raise UsageError("--compare checks greedy tokens; leave out --temperature")
     if args.engine in ("on", "fused") and (args.backend != "torch" or args.speculative):
         raise UsageError(f"--engine {args.engine} runs the torch backend's model without --speculative")
+    if args.chat and (args.compare or args.speculative or args.stop or args.stream):
+        raise UsageError("--chat: leave out --compare, --speculative, --stop and --stream")
     if args.speculative and (not sampling.greedy or args.stop or args.stream or isinstance(budgets, list)):
         raise UsageError("--speculative decodes greedily with one -n for all prompts: leave out --temperature, "
                          "--stop, --stream and per-prompt budgets")
@@ -308,6 +333,8 @@ def main_body(args) -> int:
          f"top-p {sampling.top_p}, min-p {sampling.min_p}, repetition penalty {sampling.repetition_penalty})"))
     backend = make_backend(args.backend, folder, device=args.device, plugin_lib=args.plugins,
                            allow_pickle=args.allow_pickle)
+    if args.chat:
+        return run_chat(folder, backend, prompts, texts, budgets, eos, sampling, codec)
     if args.speculative:
         from gdn_deploy.runtime.speculative import speculative_from_folder
         spec = speculative_from_folder(folder, backend, prompts, budgets, eos, args.speculative, args.draft_tokens)

@@ -152,7 +152,7 @@ def _hybrid_plan(target: ExportTarget, graph: str) -> GraphPlan:
     ins, outs = hybrid_io(target.module, graph, all_logits=target.all_logits, hidden=hidden)
     if graph == "prefill":
         return GraphPlan(graph, HybridPrefillGraph(target.module, target.all_logits, hidden=hidden).eval(), ins,
-                         outs, fixed_inputs=3)
+                         outs, fixed_inputs=4)
     return GraphPlan(graph, HybridDecodeGraph(target.module).eval(), ins, outs, fixed_inputs=2)
 
 

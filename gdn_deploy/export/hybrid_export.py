@@ -13,6 +13,9 @@ Besides the common sidecar (:mod:`.metadata`) a hybrid export records:
   ``bos_token_id``, ``pad_token_id``, ``max_position_embeddings``, ``vocab_size``, ``prefill_logits`` ("last" or
   "all");
 - ``speculative`` (verify / commit / draft exported): :mod:`.speculative_export`;
+- ``attention`` (models with attention layers): the form each file uses, ``{"onnxruntime": ..., "tensorrt": ...}``
+  (:data:`gdn_deploy.export.onnx_cache_attention.ATTENTION_FORMS`: GroupQueryAttention in ``prefill.onnx`` /
+  ``decode.onnx``, ScatterND + ONNX Attention in the ``*.trt.onnx`` copies);
 - ``tokenizer``: ``"tokenizer.json"`` when the Hugging Face folder had one (copied here; read offline with the
   ``tokenizers`` package).
 """
@@ -42,6 +45,12 @@ def hybrid_metadata(meta: dict[str, Any], target: ExportTarget, outdir: Path,
                                 "decode": HybridDecodeGraph(target.module).moe_impl}
     meta["states"] = hybrid_state_specs(target.module)
     speculative_metadata(meta, target)
+    if "full_attention" in c.layer_types:
+        from .onnx_cache_attention import ATTENTION_FORMS
+        gs = meta.get("graphs", {}).values()
+        meta["attention"] = {"onnxruntime": dict(ATTENTION_FORMS["onnxruntime"], files=[g["file"] for g in gs]),
+                             "tensorrt": dict(ATTENTION_FORMS["tensorrt"],
+                                              files=[g["tensorrt_file"] for g in gs if g.get("tensorrt_file")])}
     src = target.source.get("model")
     hf_dir = Path(src) if src and target.source.get("format") == "hf" else None
     eos = list(c.eos_token_ids)

@@ -56,8 +56,9 @@ DIM_DOCS = {
     "N": "prefill sequences (cu_seqlens has N+1 entries)",
     "B": "decode batch: sequences advanced by one token",
     "P": "rows of a state pool (decode_pool graph)",
-    "S": "decode KV-cache capacity per sequence (hybrid models' attention layers; every position < S)",
-    "L": "tokens per sequence of a speculative verify call (last accepted token + drafts), entries of a draft call",
+    "S": "KV-cache capacity per sequence (hybrid models' attention layers; every position < S, past + L <= S)",
+    "L": "hybrid prefill's padded view: the most new tokens of one sequence (pad_index [N, L])",
+    "D": "tokens per sequence of a speculative verify call (last accepted token + drafts), entries of a draft call",
 }
 
 
@@ -84,11 +85,12 @@ def _profile_sizes(max_tokens: int, max_seqs: int, max_context: int = 4096) -> d
         raise MetadataError(f"profile limits must be >= 1 (max_tokens={max_tokens}, max_seqs={max_seqs}, "
                             f"max_context={max_context})")
     return {
-        "min": {"T": 1, "N": 1, "B": 1, "P": 1, "S": 1, "L": 1},
+        "min": {"T": 1, "N": 1, "B": 1, "P": 1, "S": 1, "L": 1, "D": 1},
         "opt": {"T": max(1, max_tokens // 4), "N": max(1, max_seqs // 4), "B": max(1, max_seqs // 4),
-                "P": max_seqs, "S": max(1, max_context // 4), "L": 4},
+                "P": max_seqs, "S": max(1, max_context // 4), "L": max(1, min(max_tokens, max_context) // 4),
+                "D": 4},
         "max": {"T": max_tokens, "N": max_seqs, "B": max_seqs, "P": max_seqs, "S": max_context,
-                "L": SPEC.max_draft_tokens},
+                "L": min(max_tokens, max_context), "D": SPEC.max_draft_tokens},
     }
 
 

@@ -72,7 +72,8 @@ def _dynamic_shapes(plan: GraphPlan):
     # ("N" would clash with sympy's N() inside torch.export)
     dims = {"T": Dim("tokens", min=1, max=big), "N": Dim("seqs", min=1, max=big // 2),
             "B": Dim("batch", min=1, max=big // 2), "P": Dim("pool", min=1, max=big // 2),
-            "S": Dim("cache", min=1, max=big // 2), "L": Dim("draft", min=1, max=SPEC.max_draft_tokens)}
+            "S": Dim("cache", min=1, max=big // 2), "L": Dim("padded", min=1, max=big),
+            "D": Dim("draft", min=1, max=SPEC.max_draft_tokens)}
     shapes = []
     for t in plan.inputs:
         spec = {}
@@ -104,7 +105,7 @@ def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: Expor
 
 
 _DIM_RENAMES = {"tokens": "T", "seqs": "N", "seqs + 1": "N+1", "batch": "B", "pool": "P", "cache": "S",
-                "draft": "L"}
+                "padded": "L", "draft": "D"}
 
 
 def _rename_dims(path: Path, plan: GraphPlan | None = None) -> int:

@@ -147,9 +147,12 @@ def translation_table(interop: str | None = None) -> dict:
     else:
         register_schemas()
         fns = dict(prefill=_prefill_translation, decode=_decode_translation, decode_pool=_decode_pool_translation)
+    from ..lm.cache_attention import cache_attention  # noqa: F401  (registers torch.ops.gdn_export.cache_attention)
+    from .onnx_cache_attention import cache_attention_translation
     table = {torch.ops.gdn.prefill.default: fns["prefill"], torch.ops.gdn.decode.default: fns["decode"],
              torch.ops.gdn.decode_pool_.default: fns["decode_pool"],
-             torch.ops.gdn_export.decode_pool.default: fns["decode_pool"]}
+             torch.ops.gdn_export.decode_pool.default: fns["decode_pool"],
+             torch.ops.gdn_export.cache_attention.default: cache_attention_translation}
     if interop is None:     # the speculative ops have gdn nodes only (no LinearAttention form)
         table.update({torch.ops.gdn.verify.default: _verify_translation,
                       torch.ops.gdn.commit.default: _commit_translation})

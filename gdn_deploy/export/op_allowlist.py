@@ -5,15 +5,18 @@ by the TensorRT 10.x ONNX parser (onnx-tensorrt ``docs/operators.md`` of TensorR
 :func:`graph_op_problems` lists what in a model breaks that promise: an operator outside :data:`ALLOWED_OPS`, or
 one of the parser's restrictions on the operators we use (``axes`` of Squeeze / Unsqueeze / Slice / Reduce* and
 the ``axis`` of CumSum from initializers or constants; TopK ``sorted=1`` with ``K < 3840``).
+onnxruntime graphs may also hold ``com.microsoft::GroupQueryAttention`` (``ORT_ONLY_OPS``: their TensorRT copies
+replace it, :func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`); pass ``onnxruntime=True``.
 ``tests/export/test_op_set.py`` holds every exported graph to it.
 """
 from __future__ import annotations
 
 import onnx
 
-__all__ = ["ALLOWED_OPS", "GDN_OPS", "graph_op_problems"]
+__all__ = ["ALLOWED_OPS", "GDN_OPS", "ORT_ONLY_OPS", "graph_op_problems"]
 
 GDN_OPS = frozenset({"GatedDeltaPrefill", "GatedDeltaDecode"})
+ORT_ONLY_OPS = frozenset({("com.microsoft", "GroupQueryAttention")})
 ALLOWED_OPS = frozenset({
     # tensor plumbing
     "Shape", "Reshape", "Squeeze", "Unsqueeze", "Slice", "Concat", "Split", "Transpose", "Expand", "Tile",
@@ -26,6 +29,10 @@ ALLOWED_OPS = frozenset({
     "TopK", "MatMul", "Gemm",
     # MoE "grouped" prefill (gdn_deploy.lm.mlp): float CumSum (the parser's CumSum takes FP32/FP16/BF16 only)
     "CumSum",
+    # attention of the TensorRT copies (gdn_deploy.export.onnx_cache_attention): cache rows written by ScatterND,
+    # then the opset-23 Attention, which the parser imports as IAttention from TensorRT 10.15 (older 10.x parsers
+    # do not import Attention; no TensorRT is installed here to confirm the exact release)
+    "ScatterND", "Attention",
 })
 _AXES_INPUT = {"Squeeze": 1, "Unsqueeze": 1, "ReduceSum": 1, "ReduceMean": 1, "ReduceMax": 1, "Slice": 3,
                "CumSum": 1}
@@ -44,13 +51,16 @@ def _constants(graph: onnx.GraphProto) -> tuple[set[str], dict[str, onnx.TensorP
     return names, values
 
 
-def graph_op_problems(model: onnx.ModelProto) -> list[str]:
-    """Problems of the main graph of ``model`` for onnxruntime + the TensorRT parser (empty: none)."""
+def graph_op_problems(model: onnx.ModelProto, onnxruntime: bool = False) -> list[str]:
+    """Problems of the main graph of ``model`` for onnxruntime + the TensorRT parser (empty: none);
+    ``onnxruntime``: the graph is an onnxruntime one (``ORT_ONLY_OPS`` allowed)."""
     g = model.graph
     consts, values = _constants(g)
     out = []
     for n in g.node:
         if n.domain not in ("", "ai.onnx"):
+            if onnxruntime and (n.domain, n.op_type) in ORT_ONLY_OPS:
+                continue
             if not (n.domain == "gdn" and n.op_type in GDN_OPS):
                 out.append(f"{n.name}: {n.domain}::{n.op_type} is not an ONNX or gdn operator")
             continue

@@ -57,7 +57,7 @@ def commit_names(layer: int) -> list[str]:
 def _gdn_factor_specs(model, i: int) -> list[dict[str, Any]]:
     g = model.hybrid_config.gdn
     shapes = ([g.conv_dim], [g.num_k_heads, g.head_k_dim], [g.num_v_heads, g.head_v_dim], [g.num_v_heads])
-    return [{"name": n, "shape": ["B", "L", *s], "dtype": "float32"} for n, s in zip(commit_names(i), shapes)]
+    return [{"name": n, "shape": ["B", "D", *s], "dtype": "float32"} for n, s in zip(commit_names(i), shapes)]
 
 
 def mtp_cache_specs(model, head) -> list[dict[str, Any]]:
@@ -76,12 +76,12 @@ def speculative_io(model, graph: str, head=None) -> tuple[list[dict], list[dict]
     act = _dtype_name(model.dtype)
     states = hybrid_state_specs(model)
     if graph == "verify":
-        ins = [{"name": "input_ids", "shape": ["B", "L"], "dtype": "int64"},
+        ins = [{"name": "input_ids", "shape": ["B", "D"], "dtype": "int64"},
                {"name": "positions", "shape": ["B"], "dtype": "int64"}]
         ins += [{"name": s["decode_input"], "shape": s["decode_shape"], "dtype": s["dtype"]} for s in states]
-        outs = [{"name": "logits", "shape": ["B", "L", V], "dtype": act}]
+        outs = [{"name": "logits", "shape": ["B", "D", V], "dtype": act}]
         if head is not None:
-            outs.append({"name": "hidden", "shape": ["B", "L", Hd], "dtype": act})
+            outs.append({"name": "hidden", "shape": ["B", "D", Hd], "dtype": act})
         for s in states:
             if s["kind"] == "attention":
                 outs.append({"name": s["decode_output"], "shape": s["decode_shape"], "dtype": s["dtype"]})
@@ -102,9 +102,9 @@ def speculative_io(model, graph: str, head=None) -> tuple[list[dict], list[dict]
             raise UsageError("draft: the model has no MTP head (no mtp.* weights in its folder); export verify and "
                              "commit only, for prompt-lookup drafts (--speculative ngram)")
         caches = mtp_cache_specs(model, head)
-        ins = [{"name": "input_ids", "shape": ["B", "L"], "dtype": "int64"},
-               {"name": "hidden", "shape": ["B", "L", Hd], "dtype": act},
-               {"name": "positions", "shape": ["B", "L"], "dtype": "int64"},
+        ins = [{"name": "input_ids", "shape": ["B", "D"], "dtype": "int64"},
+               {"name": "hidden", "shape": ["B", "D", Hd], "dtype": act},
+               {"name": "positions", "shape": ["B", "D"], "dtype": "int64"},
                {"name": "last", "shape": ["B"], "dtype": "int64"}]
         ins += [{k: t[k] for k in ("name", "shape", "dtype")} for t in caches]
         outs = [{"name": "logits", "shape": ["B", V], "dtype": act},
@@ -199,7 +199,7 @@ def speculative_example_feed(model, graph: str, head=None, *, batch: int = 3, ca
     gen = torch.Generator().manual_seed(seed)
     V = model.hybrid_config.vocab_size
     L = max(1, tokens)
-    sizes = {"B": batch, "L": L, "S": capacity}
+    sizes = {"B": batch, "D": L, "S": capacity}
     ins, _ = speculative_io(model, graph, head)
     dt = model.dtype
     feed: dict[str, Tensor] = {}

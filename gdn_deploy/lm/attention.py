@@ -21,8 +21,13 @@ Two entry points, ONNX-exportable with the mask form (the spans form below is ea
   (``packed_causal_mask``; what the exported graphs hold: O(T^2) scores) or the sequences' spans as Python ints
   (``packed_spans``; eager PyTorch: one causal ``scaled_dot_product_attention`` per sequence, or one batched call
   when all lengths are equal, so the GPU runs its flash kernels and nothing outside a sequence is computed);
+- :meth:`Attention.prefill_cached`: packed new tokens of N sequences continuing from KV caches ``[N, Hkv, S, D]``
+  (what the exported prefill graphs hold): the tokens are gathered into a per-sequence padded view ``[N, L]``
+  (``pad_index``), written into the caches at their positions and attend to their own sequence's cache
+  (:func:`gdn_deploy.lm.cache_attention.cache_attention`: one GroupQueryAttention node in onnxruntime graphs);
 - :meth:`Attention.decode`: one token per sequence with a KV cache ``[B, Hkv, S, D]`` (S = capacity); the new
-  token's key/value are written at its position (``position < S``) and keys at ``j > position`` are masked.
+  token's key/value are written at its position (``position < S``) and keys at ``j > position`` are masked
+  (exported: the same cache_attention node with one new token per sequence).
 """
 from __future__ import annotations
 
@@ -32,7 +37,14 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .cache_attention import cache_attention, cache_attention_ref
 from .norms import RMSNorm, wide
+
+
+def _traced() -> bool:
+    """True inside torch.export / dynamo / TorchScript tracing."""
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return bool(torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing())
 
 __all__ = ["AttentionConfig", "Attention", "rope_inv_freq", "rope_cos_sin", "apply_rope", "packed_causal_mask",
            "packed_spans"]
@@ -209,12 +221,48 @@ class Attention(nn.Module):
                 parts.append(o[0].transpose(0, 1).reshape(b - a, H * D))
         return torch.cat(parts, 0)
 
+    def _cache_attention(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, past: Tensor):
+        """q [N, L, H, D], k, v [N, L, Hkv, D] of positions past[n] + i -> (o [N, L, H*D], caches) (one node when
+        traced; the eager reference otherwise)."""
+        N, L = q.shape[0], q.shape[1]
+        args = (q.reshape(N, L, -1), k.reshape(N, L, -1), v.reshape(N, L, -1), k_cache, v_cache, past.to(torch.long),
+                self.num_heads, self.num_kv_heads, self.scaling)
+        return cache_attention(*args) if _traced() else cache_attention_ref(*args)
+
+    def prefill_cached(self, x: Tensor, positions: Tensor, seq: Tensor, local: Tensor, first: Tensor,
+                       pad_index: Tensor, k_cache: Tensor, v_cache: Tensor):
+        """Prefill that continues from KV caches, without any ``[T, T]`` tensor.
+
+        x [T, hidden] packed new tokens; positions [T] (= cache slot: past length + index in the sequence);
+        seq [T] / local [T]: each token's sequence and index among its sequence's new tokens; first [N]: packed
+        row of each sequence's first new token; pad_index [N, L]: packed row of sequence n's i-th new token
+        (anything outside ``[0, T)`` = padding); caches [N, Hkv, S, D] (every ``past + L <= S``).
+        -> (y [T, hidden], k_cache, v_cache) with the new keys/values written at their positions."""
+        T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        N, L = pad_index.shape
+        q, k, v, gate = self._qkv(x, positions)
+        idx = pad_index.to(torch.long)
+        idx = torch.where((idx >= 0) & (idx < T), idx, torch.full_like(idx, T)).reshape(-1)  # T: a zero row
+
+        def padded(t: Tensor) -> Tensor:
+            return torch.cat([t, t.new_zeros(1, *t.shape[1:])]).index_select(0, idx).reshape(N, L, *t.shape[1:])
+
+        past = positions.to(torch.long).index_select(0, first.to(torch.long))
+        o, k_cache, v_cache = self._cache_attention(padded(q), padded(k), padded(v), k_cache, v_cache, past)
+        flat = seq.to(torch.long) * L + local.to(torch.long).clamp(0, max(L - 1, 0))
+        o = o.reshape(N * L, H * D).index_select(0, flat)
+        return self._out(o, gate), k_cache, v_cache
+
     def decode(self, x: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor):
         """x [B, hidden], positions [B] int (the new token's position = tokens already cached), caches
         [B, Hkv, S, D] -> (y [B, hidden], k_cache, v_cache) with the new token written at its position."""
         B, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         S = k_cache.shape[2]
         q, k, v, gate = self._qkv(x, positions)
+        if _traced():
+            o, k_cache, v_cache = self._cache_attention(q[:, None], k[:, None], v[:, None], k_cache, v_cache,
+                                                        positions)
+            return self._out(o.reshape(B, H * D), gate), k_cache, v_cache
         slot = torch.arange(S, device=x.device)[None, :]                           # [1, S]
         pos = positions.to(torch.long)[:, None]                                     # [B, 1]
         write = (slot == pos)[:, None, :, None]                                     # [B, 1, S, 1]

@@ -29,7 +29,7 @@ from .mlp import MOE_IMPLS, SparseMoE, SwiGLU
 from .norms import RMSNorm
 
 __all__ = ["HybridLM", "GDNLM", "DecoderLayer", "decode_states_from_prefill", "grow_decode_states",
-           "positions_from_cu_seqlens", "scatter_packed"]
+           "positions_from_cu_seqlens", "scatter_packed", "sequence_of_tokens", "padded_view", "empty_states"]
 
 LayerState = tuple[Tensor, Tensor]
 
@@ -40,12 +40,27 @@ def _traced() -> bool:
     return bool(torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing())
 
 
-def positions_from_cu_seqlens(cu_seqlens: Tensor, T: int) -> Tensor:
-    """Position of every packed token inside its sequence, int64 ``[T]``."""
+def sequence_of_tokens(cu_seqlens: Tensor, T: int) -> Tensor:
+    """Index of every packed token's sequence, int64 ``[T]`` (O(T*N) comparisons, no host read)."""
     cu = cu_seqlens.to(torch.long)
     tok = torch.arange(T, device=cu.device)
-    seq = (tok[:, None] >= cu[1:][None, :]).sum(1)
-    return tok - cu[seq]
+    return (tok[:, None] >= cu[1:][None, :]).sum(1).clamp(max=max(cu.shape[0] - 2, 0))
+
+
+def positions_from_cu_seqlens(cu_seqlens: Tensor, T: int) -> Tensor:
+    """Position of every packed token inside its sequence, int64 ``[T]``."""
+    tok = torch.arange(T, device=cu_seqlens.device)
+    return tok - cu_seqlens.to(torch.long)[sequence_of_tokens(cu_seqlens, T)]
+
+
+def padded_view(cu_seqlens, device=None) -> Tensor:
+    """``pad_index [N, L]`` int64 of packed sequences (host-side, from a list or tensor of offsets): row n holds
+    the packed rows of sequence n's tokens, then ``T`` (padding) up to ``L`` = the longest sequence (>= 1)."""
+    cu = [int(v) for v in (cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else cu_seqlens)]
+    T, lens = cu[-1], [b - a for a, b in zip(cu[:-1], cu[1:])]
+    L = max([1, *lens])
+    rows = [list(range(a, b)) + [T] * (L - (b - a)) for a, b in zip(cu[:-1], cu[1:])]
+    return torch.tensor(rows, dtype=torch.long, device=device).reshape(len(rows), L)
 
 
 class DecoderLayer(nn.Module):
@@ -78,10 +93,14 @@ class DecoderLayer(nn.Module):
         h = h + y
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def prefill(self, h, cu_seqlens, positions, mask, state: Optional[LayerState]):
+    def prefill(self, h, cu_seqlens, positions, mask, state: Optional[LayerState], padded=None):
         x = self._mixer_in(h)
         if self.layer_type == "linear_attention":
             y, a, b = self.linear_attn.prefill(x, cu_seqlens, *(state if state is not None else (None, None)))
+        elif padded is not None:
+            if state is None:
+                raise ValueError("prefill with pad_index: attention layers need their (key_cache, value_cache)")
+            y, a, b = self.self_attn.prefill_cached(x, positions, *padded, *state)
         else:
             if state is not None:
                 raise ValueError("attention layers start prefill from an empty KV cache; pass None as their state")
@@ -149,7 +168,7 @@ class HybridLM(nn.Module):
 
     def forward_prefill(self, input_ids: Tensor, cu_seqlens: Tensor, states: Optional[Sequence] = None,
                         positions: Optional[Tensor] = None, last_only: bool = False, attention: str = "auto",
-                        hidden_out: Optional[list] = None):
+                        pad_index: Optional[Tensor] = None, hidden_out: Optional[list] = None):
         """input_ids [T] packed, cu_seqlens [N+1] int32 -> (logits, states).
 
         logits: ``[T, vocab]``, or ``[N, vocab]`` at each sequence's last token with ``last_only`` (every
@@ -158,13 +177,23 @@ class HybridLM(nn.Module):
         ``attention``: how attention layers keep to each sequence: "mask" (a ``[T, T]`` block-diagonal mask, as
         the exported graphs do), "spans" (one fused causal attention per sequence; reads cu_seqlens on the host)
         or "auto" (spans in eager mode, the mask while traced or exported). ``hidden_out``: a list that receives
-        the final-normed hidden states of every token ``[T, hidden]`` (what an MTP head reads)."""
+        the final-normed hidden states of every token ``[T, hidden]`` (what an MTP head reads).
+
+        With ``pad_index`` [N, L] (:func:`padded_view`) prefill continues from caches (the exported form):
+        attention layers' states are ``(key_cache, value_cache)`` [N, Hkv, S, D] (slots < each sequence's past
+        length filled, ``past + L <= S``), ``positions`` are past length + index; the new keys/values are written
+        at their positions and the caches returned; nothing spans all packed token pairs (``attention`` unused).
+        """
         T = input_ids.shape[0]
         st = self._check_states(states, "prefill")
         if positions is None:
             positions = positions_from_cu_seqlens(cu_seqlens, T)
-        mask = None
-        if self.hybrid_config.attention_layers():
+        mask, padded = None, None
+        if pad_index is not None:
+            seq = sequence_of_tokens(cu_seqlens, T)
+            cu = cu_seqlens.to(torch.long)
+            padded = (seq, torch.arange(T, device=input_ids.device) - cu[seq], cu[:-1], pad_index)
+        elif self.hybrid_config.attention_layers():
             if attention not in ("auto", "mask", "spans"):
                 raise ValueError(f"forward_prefill attention: expected auto, mask or spans, got {attention!r}")
             if attention == "auto":
@@ -173,7 +202,7 @@ class HybridLM(nn.Module):
         h = self.embed_tokens(input_ids)
         out = []
         for layer, s in zip(self.layers, st):
-            h, ns = layer.prefill(h, cu_seqlens, positions, mask, s)
+            h, ns = layer.prefill(h, cu_seqlens, positions, mask, s, padded)
             out.append(ns)
         if hidden_out is not None:
             hidden_out.append(self.norm(h))
@@ -227,6 +256,22 @@ def grow_decode_states(config: HybridConfig, states: Sequence[LayerState], capac
             pad = capacity - a.shape[2]
             a, b = F.pad(a, (0, 0, 0, pad)), F.pad(b, (0, 0, 0, pad))
         out.append((a, b))
+    return out
+
+
+def empty_states(config: HybridConfig, n: int, capacity: int, dtype: torch.dtype, device=None) -> list[LayerState]:
+    """Zero states of ``n`` sequences in the layout prefill and decode share: GDN ``(conv [n, conv_dim, W-1],
+    rec [n, Hv, K, V])`` float32, attention ``(key_cache, value_cache)`` ``[n, Hkv, capacity, D]`` in ``dtype``."""
+    out = []
+    for t in config.layer_types:
+        if t == "linear_attention":
+            g = config.gdn
+            out.append((torch.zeros(n, g.conv_dim, g.conv_kernel_size - 1, device=device),
+                        torch.zeros(n, g.num_v_heads, g.head_k_dim, g.head_v_dim, device=device)))
+        else:
+            a = config.attention
+            shape = (n, a.num_kv_heads, capacity, a.head_dim)
+            out.append((torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)))
     return out
 
 

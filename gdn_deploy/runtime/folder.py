@@ -2,8 +2,10 @@
 both LM kinds, and the tokenizer.
 
 Pure-GDN LM exports (kind "lm") take zero initial states in prefill and return every token's logits; whole hybrid
-exports (kind "hybrid") take positions, start from empty states and return attention keys/values of the packed
-tokens, which become decode KV caches (:func:`gdn_deploy.lm.model.scatter_packed`). The sidecar says which.
+exports (kind "hybrid") take positions, ``pad_index`` and every layer's state (KV caches included) and return them
+updated, in the layout decode takes (``prefill_continues``). Hybrid folders of earlier releases start prefill from
+empty states and return attention keys/values of the packed tokens, which become decode KV caches
+(:func:`gdn_deploy.lm.model.scatter_packed`). The sidecar says which.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ class StateSpec:
     kind: str                 # "gdn" | "attention"
     role: str                 # "conv" | "recurrent" | "key" | "value"
     dtype: str
-    prefill_input: Optional[str]      # lm exports: the prefill graph takes initial GDN states
+    prefill_input: Optional[str]      # the prefill graph takes this state (lm exports, hybrid exports that continue)
     prefill_output: str
     decode_input: str
     decode_output: str
@@ -76,6 +78,11 @@ class ExportFolder:
     def has_positions(self) -> bool:
         return self.kind == "hybrid"
 
+    @property
+    def prefill_continues(self) -> bool:
+        """The prefill graph takes every layer's past state and ``pad_index`` (continues a conversation)."""
+        return any(t["name"] == "pad_index" for t in self.meta["graphs"]["prefill"]["inputs"])
+
     def graph_file(self, graph: str, tensorrt: bool = False) -> Path:
         g = self.meta["graphs"][graph]
         name = g.get("tensorrt_file") if tensorrt else g["file"]
@@ -90,7 +97,7 @@ class ExportFolder:
 
     def _states(self) -> list[StateSpec]:
         if self.kind == "hybrid":
-            return [StateSpec(s["layer"], s["kind"], s["role"], s["dtype"], None, s["prefill_output"],
+            return [StateSpec(s["layer"], s["kind"], s["role"], s["dtype"], s.get("prefill_input"), s["prefill_output"],
                               s["decode_input"], s["decode_output"], list(s["decode_shape"]))
                     for s in self.meta["states"]]
         ins = {t["name"]: t for t in self.meta["graphs"]["decode"]["inputs"]}

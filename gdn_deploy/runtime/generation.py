@@ -20,12 +20,12 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
-from ..lm.model import scatter_packed
+from ..lm.model import padded_view, scatter_packed
 from .folder import ExportFolder
 from .sampling import Sampler, SamplingConfig
 from .streaming import TextStream, check_stop_strings
 
-__all__ = ["GenerationResult", "generate", "check_prompts", "pack_prompts"]
+__all__ = ["GenerationResult", "generate", "check_prompts", "pack_prompts", "prefill", "empty_state_feed"]
 
 
 @dataclass
@@ -92,6 +92,19 @@ def pack_prompts(prompts: Sequence[Sequence[int]], device=None) -> tuple[Tensor,
     return ids, torch.tensor(cu, dtype=torch.int32, device=device), pos
 
 
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def empty_state_feed(folder: ExportFolder, n: int, capacity: int, device=None) -> dict[str, Tensor]:
+    """Zero prefill state inputs of ``n`` sequences (KV caches of ``capacity`` slots) by prefill input name."""
+    out = {}
+    for s in folder.states:
+        if s.prefill_input:
+            shape = [_dim(d, {"B": n, "S": capacity}) for d in s.decode_shape]
+            out[s.prefill_input] = torch.zeros(shape, dtype=_DTYPES[s.dtype], device=device)
+    return out
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -117,13 +130,14 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     if folder.interop:
         from ..export.interop import require_equal_lengths
         require_equal_lengths(cu)
+    lens = [len(p) for p in prompts]
+    capacity = max(lens) + max_new_tokens
     feed = {"input_ids": ids, "cu_seqlens": cu}
     if folder.has_positions:
         feed["positions"] = pos
-    for s in folder.states:
-        if s.prefill_input:                       # pure-GDN LM exports start prefill from given (zero) states
-            shape = [_dim(d, {"B": N}) for d in s.decode_shape]
-            feed[s.prefill_input] = torch.zeros(shape, dtype=torch.float32, device=dev)
+    if folder.prefill_continues:
+        feed["pad_index"] = padded_view(cu, dev)
+    feed.update(empty_state_feed(folder, N, capacity, dev))
     _sync(dev)
     t0 = time.perf_counter()
     out = backend.run("prefill", feed)
@@ -133,12 +147,11 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     if logits.shape[0] != N:                      # every token's logits: keep each sequence's last
         logits = logits.index_select(0, (cu[1:].long() - 1).to(logits.device))
     prefill_logits = logits.float().cpu()
-    lens = [len(p) for p in prompts]
-    capacity = max(lens) + max_new_tokens
     states: dict[str, Tensor] = {}
     for s in folder.states:
         x = out[s.prefill_output]
-        states[s.decode_input] = scatter_packed(x, cu.to(x.device), capacity) if s.kind == "attention" else x
+        old_form = s.kind == "attention" and not s.prefill_input   # earlier folders: packed keys/values
+        states[s.decode_input] = scatter_packed(x, cu.to(x.device), capacity) if old_form else x
     eos = set(folder.eos_token_ids if eos_token_ids is None else eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]
     finished = [False] * N

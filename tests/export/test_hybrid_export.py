@@ -128,9 +128,17 @@ def test_sidecar_describes_every_state(tmp_path_factory):
     for s in states:
         assert dims(dec_in[s["decode_input"]]) == s["decode_shape"] == dims(dec_out[s["decode_output"]])
         assert dims(pre_out[s["prefill_output"]]) == s["prefill_shape"]
-    assert [v.name for v in pre.graph.input] == ["input_ids", "cu_seqlens", "positions"]
+    pre_in = {v.name: v for v in pre.graph.input}
+    for s in states:
+        assert s["prefill_input"] == s["decode_input"] and dims(pre_in[s["prefill_input"]]) == s["prefill_shape"]
+    assert [v.name for v in pre.graph.input][:4] == ["input_ids", "cu_seqlens", "positions", "pad_index"]
+    assert dims(pre_in["pad_index"]) == ["N", "L"]
     assert dims(pre_out["logits"]) == ["N", 96]
-    assert meta["dims"]["S"].startswith("decode KV-cache capacity")
+    assert meta["dims"]["S"].startswith("KV-cache capacity")
+    assert meta["attention"]["onnxruntime"]["op"] == "com.microsoft::GroupQueryAttention"
+    assert meta["attention"]["tensorrt"]["files"] == ["prefill.trt.onnx", "decode.trt.onnx"]
+    ops = {(n.domain, n.op_type) for n in pre.graph.node}
+    assert ("com.microsoft", "GroupQueryAttention") in ops and ("", "Attention") not in ops
     assert meta["profiles"]["decode"]["key_cache_1"]["max"][2] == 4096
     assert meta["generation"]["prefill_logits"] == "last" and meta["model"]["mlp_types"][3] == "dense"
 
@@ -146,9 +154,11 @@ def test_all_logits_and_external_data(tmp_path_factory, monkeypatch):
     folder = ExportFolder(out)
     be = make_backend("onnxruntime", folder)
     prompts = [[3, 4, 5], [7]]
-    from gdn_deploy.runtime.generation import pack_prompts
+    from gdn_deploy.lm.model import padded_view
+    from gdn_deploy.runtime.generation import empty_state_feed, pack_prompts
     ids, cu, pos = pack_prompts(prompts)
-    logits = be.run("prefill", {"input_ids": ids, "cu_seqlens": cu, "positions": pos})["logits"]
+    logits = be.run("prefill", {"input_ids": ids, "cu_seqlens": cu, "positions": pos, "pad_index": padded_view(cu),
+                                **empty_state_feed(folder, 2, 3)})["logits"]
     with torch.no_grad():
         ref = torch.cat([hf(input_ids=torch.tensor([p])).logits[0] for p in prompts])
     assert logits.shape == (4, 96)
@@ -198,3 +208,74 @@ def test_gdn_check_on_a_whole_model_folder(tmp_path_factory, capsys):
     text = capsys.readouterr().out
     assert "key_cache_out_1" in text and "rec_state_out_0" in text and "gdn-check: PASS" in text
     assert gdn_check([str(out), "--from-model", "--seed", "5", "-q"]) == 0
+
+
+def _chunks(seq, k):
+    """``seq`` cut into exactly k non-empty pieces (len(seq) >= k)."""
+    cuts = [round(i * len(seq) / k) for i in range(k + 1)]
+    return [seq[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_continued_prefill_equals_one_prefill(k, tmp_path_factory):
+    """Two ragged prompts (7 and 12 tokens) fed in k chunks (prefill continuing from the states the previous chunk
+    returned) give one prefill's last logits and states (KV caches on the filled slots) in onnxruntime."""
+    from gdn_deploy.runtime.conversation import prefill
+    _, _, out, _, gen = _export("qwen3_next", tmp_path_factory)
+    folder = ExportFolder(out)
+    be = make_backend("onnxruntime", folder)
+    prompts = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (7, 12)]
+    cap = 16
+    ref_logits, ref = prefill(folder, be, prompts, capacity=cap)
+    pieces = [_chunks(p, k) for p in prompts]
+    states, past = None, [0, 0]
+    for j in range(k):
+        logits, states = prefill(folder, be, [pieces[0][j], pieces[1][j]], states, past, capacity=cap)
+        past = [past[i] + len(pieces[i][j]) for i in range(2)]
+    _close(logits, ref_logits, f"logits after {k} chunks")
+    for s in folder.states:
+        a, b = states[s.prefill_input], ref[s.prefill_input]
+        if s.kind == "attention":
+            for i, p in enumerate(prompts):
+                _close(a[i, :, :len(p)], b[i, :, :len(p)], f"{s.prefill_input} row {i}")
+        else:
+            _close(a, b, s.prefill_input)
+
+
+def test_multi_turn_equals_hf_on_the_whole_conversation(tmp_path_factory):
+    """Three turns through Conversation (each prefill continues; onnxruntime) give HF's greedy reply to the
+    concatenated conversation at every turn."""
+    from gdn_deploy.runtime.conversation import Conversation
+    hf, _, out, _, gen = _export("qwen3_next", tmp_path_factory)
+    folder = ExportFolder(out)
+    chat = Conversation(folder, make_backend("onnxruntime", folder), eos_token_ids=[])
+    history: list[int] = []
+    for L in (5, 1, 4):
+        turn = torch.randint(0, 96, (L,), generator=gen).tolist()
+        got = chat.turn(turn, 6)
+        history += turn
+        want = _hf_generate(hf, history, 6)
+        why = unexplained_difference(got, want, _hf_logits_after(hf, history, want), TOL["atol"], TOL["rtol"])
+        assert why is None, f"turn of {L} tokens: {why}"
+        history += got
+
+
+def test_bad_past_states_are_refused(tmp_path_factory):
+    """Past states of the wrong layer count, dtype or capacity: one UsageError line, nothing run."""
+    from gdn_deploy.errors import UsageError
+    from gdn_deploy.runtime.conversation import prefill
+    _, _, out, _, _ = _export("qwen3_next", tmp_path_factory)
+    folder = ExportFolder(out)
+    be = make_backend("onnxruntime", folder)
+    _, st = prefill(folder, be, [[1, 2, 3]], capacity=6)
+    fewer = dict(st)
+    fewer.pop(folder.states[-1].prefill_input)
+    with pytest.raises(UsageError, match="past states: expected 10 tensors"):
+        prefill(folder, be, [[4]], fewer, [3])
+    key = next(s.prefill_input for s in folder.states if s.kind == "attention")
+    with pytest.raises(UsageError, match=f"past state {key}: dtype float16, the graphs take float32"):
+        prefill(folder, be, [[4]], dict(st, **{key: st[key].half()}), [3])
+    with pytest.raises(UsageError, match="sequence 0: past length 3 \\+ 4 new tokens exceed the KV-cache capacity 6"):
+        prefill(folder, be, [[4, 5, 6, 7]], st, [3])
+    with pytest.raises(UsageError, match="expected 1 integers"):
+        prefill(folder, be, [[4]], st, [3, 1])

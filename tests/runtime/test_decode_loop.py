@@ -205,3 +205,28 @@ def test_interop_export_with_equal_lengths_runs(tmp_path, capsys):
                            "onnxruntime", "-n", 4, "--compare")
     assert code == 0, err
     assert "generated the same tokens" in text
+
+
+def test_chat_turns_continue_and_equal_hf(tmp_path_factory, capsys):
+    """--chat: two turns of one conversation (text, then ids); the second turn's prefill continues from the first
+    turn's states; each reply equals HF's greedy continuation of the whole conversation so far."""
+    hf, hf_dir, out, _ = _hf_folder(tmp_path_factory)
+    code, text, err = _run(capsys, "--model", hf_dir, "--export-dir", out, "--backend", "onnxruntime", "--chat",
+                           "-p", "w1 w2 w3", "--ids", "7,8", "-n", 5, "--ignore-eos")
+    assert code == 0, err
+    replies = [json.loads(line.split(" -> ")[1]) for line in text.splitlines() if line.startswith("[turn ")]
+    assert len(replies) == 2 and all(len(r) == 5 for r in replies)
+    history = [1, 2, 3]
+    hf.generation_config.eos_token_id = None
+    for turn, reply in zip(([1, 2, 3], [7, 8]), replies):
+        if turn != [1, 2, 3]:
+            history += turn
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([history]), do_sample=False, max_new_tokens=5,
+                               attention_mask=torch.ones(1, len(history), dtype=torch.long))[0, len(history):]
+        assert reply == want.tolist(), (history, reply, want.tolist())
+        history += reply
+    assert "conversation: 15 tokens, each fed once" in text
+    code, _, err = _run(capsys, "--model", out, "--chat", "--ids", "1", "--compare")
+    assert code == ExitCode.USAGE and err.strip().endswith("--chat: leave out --compare, --speculative, --stop and "
+                                                           "--stream")
