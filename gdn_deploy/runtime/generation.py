@@ -105,6 +105,27 @@ def empty_state_feed(folder: ExportFolder, n: int, capacity: int, device=None) -
     return out
 
 
+def fresh_prefill_feed(folder: ExportFolder, ids: Tensor, cu: Tensor, pos: Tensor, capacity: int) -> dict[str, Tensor]:
+    """The prefill graph's feed for packed prompts that start from empty states (KV caches of ``capacity``)."""
+    feed = {"input_ids": ids, "cu_seqlens": cu}
+    if folder.has_positions:
+        feed["positions"] = pos
+    if folder.prefill_continues:
+        feed["pad_index"] = padded_view(cu, ids.device)
+    feed.update(empty_state_feed(folder, int(cu.shape[0]) - 1, capacity, ids.device))
+    return feed
+
+
+def decode_states_after_prefill(folder: ExportFolder, out: dict, cu: Tensor, capacity: int) -> dict[str, Tensor]:
+    """The decode graph's state inputs from a prefill's outputs (by decode input name)."""
+    states: dict[str, Tensor] = {}
+    for s in folder.states:
+        x = out[s.prefill_output]
+        old_form = s.kind == "attention" and not s.prefill_input   # earlier folders: packed keys/values
+        states[s.decode_input] = scatter_packed(x, cu.to(x.device), capacity) if old_form else x
+    return states
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -132,12 +153,7 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
         require_equal_lengths(cu)
     lens = [len(p) for p in prompts]
     capacity = max(lens) + max_new_tokens
-    feed = {"input_ids": ids, "cu_seqlens": cu}
-    if folder.has_positions:
-        feed["positions"] = pos
-    if folder.prefill_continues:
-        feed["pad_index"] = padded_view(cu, dev)
-    feed.update(empty_state_feed(folder, N, capacity, dev))
+    feed = fresh_prefill_feed(folder, ids, cu, pos, capacity)
     _sync(dev)
     t0 = time.perf_counter()
     out = backend.run("prefill", feed)
@@ -147,11 +163,7 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     if logits.shape[0] != N:                      # every token's logits: keep each sequence's last
         logits = logits.index_select(0, (cu[1:].long() - 1).to(logits.device))
     prefill_logits = logits.float().cpu()
-    states: dict[str, Tensor] = {}
-    for s in folder.states:
-        x = out[s.prefill_output]
-        old_form = s.kind == "attention" and not s.prefill_input   # earlier folders: packed keys/values
-        states[s.decode_input] = scatter_packed(x, cu.to(x.device), capacity) if old_form else x
+    states = decode_states_after_prefill(folder, out, cu, capacity)
     eos = set(folder.eos_token_ids if eos_token_ids is None else eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]
     finished = [False] * N

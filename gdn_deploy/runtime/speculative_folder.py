@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from ..errors import LoadError, UsageError
-from ..lm.model import scatter_packed
 from .folder import ExportFolder
+from .generation import decode_states_after_prefill, fresh_prefill_feed
 
 __all__ = ["FolderTarget", "FolderMTPRunner", "speculative_graphs_of"]
 
@@ -54,14 +54,11 @@ class FolderTarget:
     def prefill(self, ids: Tensor, cu: Tensor, capacity: int):
         N, T = cu.shape[0] - 1, ids.shape[0]
         pos = torch.cat([torch.arange(int(n)) for n in (cu[1:] - cu[:-1]).tolist()]) if T else ids.new_zeros(0)
-        out = self.backend.run("prefill", {"input_ids": ids, "cu_seqlens": cu, "positions": pos})
+        out = self.backend.run("prefill", fresh_prefill_feed(self.folder, ids, cu, pos, capacity))
         logits = out["logits"]
         if logits.shape[0] != N:                  # every token's logits: keep each sequence's last
             logits = logits.index_select(0, cu[1:].long() - 1)
-        states = {}
-        for s in self.folder.states:
-            x = out[s.prefill_output]
-            states[s.decode_input] = scatter_packed(x, cu, capacity) if s.kind == "attention" else x
+        states = decode_states_after_prefill(self.folder, out, cu, capacity)
         return logits.float(), states, out.get("hidden")
 
     def verify(self, inp: Tensor, pos: Tensor, states: Mapping[str, Tensor]):
