@@ -46,9 +46,11 @@ def hybrid_metadata(meta: dict[str, Any], target: ExportTarget, outdir: Path,
     meta["states"] = hybrid_state_specs(target.module)
     speculative_metadata(meta, target)
     if "full_attention" in c.layer_types:
-        from .onnx_cache_attention import ATTENTION_FORMS
+        from .onnx_cache_attention import ATTENTION_FORMS, onnxruntime_attention_form
         gs = meta.get("graphs", {}).values()
-        meta["attention"] = {"onnxruntime": dict(ATTENTION_FORMS["onnxruntime"], files=[g["file"] for g in gs]),
+        head_dim = next(s["decode_shape"][-1] for s in meta["states"] if s["kind"] == "attention")
+        ort_form = ATTENTION_FORMS[onnxruntime_attention_form(head_dim)]
+        meta["attention"] = {"onnxruntime": dict(ort_form, files=[g["file"] for g in gs]),
                              "tensorrt": dict(ATTENTION_FORMS["tensorrt"],
                                               files=[g["tensorrt_file"] for g in gs if g.get("tensorrt_file")])}
     src = target.source.get("model")

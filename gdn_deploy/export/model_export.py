@@ -130,6 +130,8 @@ def _rename_dims(path: Path, plan: GraphPlan | None = None) -> int:
             for d, want in zip(dims, shape):
                 if isinstance(want, str):
                     d.dim_param = want
+        from .onnx_cache_attention import fit_for_onnxruntime
+        fit_for_onnxruntime(model, spec)
     onnx.save_model(model, str(path))
     return next(int(i.version) for i in model.opset_import if i.domain in ("", "ai.onnx"))
 

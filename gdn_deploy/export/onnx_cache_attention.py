@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 from onnx.defs import OpSchema
 
 __all__ = ["cache_attention_translation", "gqa_schema", "expand_cache_attention", "ATTENTION_FORMS",
-           "GQA_DOMAIN", "ATTENTION_OPSET"]
+           "GQA_DOMAIN", "ATTENTION_OPSET", "onnxruntime_attention_form", "fit_for_onnxruntime"]
 
 GQA_DOMAIN = "com.microsoft"
 ATTENTION_OPSET = 23            # the standard Attention operator of the TensorRT copies
@@ -34,6 +34,22 @@ ATTENTION_FORMS = {
                  "cache_update": "ScatterND rows (one per new token)", "mask": "per-sequence bool [N, 1, L, S]"},
 }
 _T = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+GQA_HEAD_MULTIPLE = 8           # onnxruntime's GroupQueryAttention kernels need head_size % 8 == 0
+
+
+def onnxruntime_attention_form(head_dim: int) -> str:
+    """The ATTENTION_FORMS key the onnxruntime graphs use for this head size: GroupQueryAttention where its
+    kernels take the head size, else the standard form of the TensorRT copies (onnxruntime runs it too)."""
+    return "onnxruntime" if int(head_dim) % GQA_HEAD_MULTIPLE == 0 else "tensorrt"
+
+
+def fit_for_onnxruntime(model: onnx.ModelProto, input_shapes: dict) -> int:
+    """Expand (in place) the GroupQueryAttention nodes whose head size onnxruntime's kernels refuse (the size read
+    from the key cache input's last dim in ``input_shapes``: name -> shape list). Returns the count."""
+    def refused(n: onnx.NodeProto) -> bool:
+        shape = input_shapes.get(n.input[3]) or []
+        return bool(shape) and isinstance(shape[-1], int) and onnxruntime_attention_form(shape[-1]) != "onnxruntime"
+    return expand_cache_attention(model, only=refused)
 
 
 def gqa_schema() -> OpSchema:
@@ -127,14 +143,15 @@ def _expand_node(n: onnx.NodeProto, tag: str) -> list[onnx.NodeProto]:
     return nodes
 
 
-def expand_cache_attention(model: onnx.ModelProto) -> int:
-    """Replace (in place) every ``com.microsoft::GroupQueryAttention`` node of the main graph by ScatterND row
-    writes + the standard ``Attention`` (see the module docstring); raises the default opset to
-    :data:`ATTENTION_OPSET` when a node was replaced and drops the com.microsoft opset import. Returns the count."""
+def expand_cache_attention(model: onnx.ModelProto, only=None) -> int:
+    """Replace (in place) every ``com.microsoft::GroupQueryAttention`` node of the main graph (those for which
+    ``only(node)`` holds, if given) by ScatterND row writes + the standard ``Attention`` (see the module
+    docstring); raises the default opset to :data:`ATTENTION_OPSET` when a node was replaced and drops the
+    com.microsoft opset import when no such node is left. Returns the count."""
     g = model.graph
     new, count = [], 0
     for n in g.node:
-        if n.domain == GQA_DOMAIN and n.op_type == "GroupQueryAttention":
+        if n.domain == GQA_DOMAIN and n.op_type == "GroupQueryAttention" and (only is None or only(n)):
             new += _expand_node(n, f"cache_attn{count}")
             count += 1
         else:

@@ -9,6 +9,8 @@ from conftest import seed_for
 
 pytest.importorskip("transformers", reason="needs transformers (pip install -e .[test])")
 pytest.importorskip("tokenizers", reason="needs tokenizers (pip install -e .[test])")
+pytest.importorskip("onnxruntime", reason="the export decode_loop makes checks its graphs with onnxruntime")
+pytest.importorskip("polygraphy", reason="the export writes its reference files with polygraphy (pip install -e .)")
 from decode_loop_engine_util import make_export, result_lines, run, streamed  # noqa: E402
 
 
