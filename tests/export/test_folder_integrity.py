@@ -238,7 +238,7 @@ def test_a_failed_export_leaves_the_old_folder_as_it_was(good, ckpt, tmp_path, m
     before = _snapshot(d)
     calls = []
 
-    def fail_on_second_graph(plan, target, path, opts):
+    def fail_on_second_graph(plan, target, path, opts, **kw):
         calls.append(plan.name)
         Path(path).write_bytes(b"half a graph")
         if len(calls) == 2:

@@ -176,6 +176,9 @@ def test_whole_model_prefill_equals_routed_pytorch_and_hf(tmp_path_factory, gen)
     assert all(r["ok"] for rows in res.verification.values() for r in rows)
     meta = json.loads((out / "gdn_model.json").read_text())
     assert meta["model"]["moe"] == {"prefill": "grouped", "decode": "gather"}
+    from gdn_deploy.runtime.folder import ExportFolder
+    from gdn_deploy.runtime.generation import fresh_prefill_feed
+    folder = ExportFolder(out)
     sess = ort.InferenceSession(str(out / "prefill.onnx"), providers=["CPUExecutionProvider"])
     net = target.module
     net.set_moe_impl("routed")
@@ -183,9 +186,12 @@ def test_whole_model_prefill_equals_routed_pytorch_and_hf(tmp_path_factory, gen)
         cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
         ids = torch.randint(0, hf.config.vocab_size, (int(cu[-1]),), generator=gen)
         pos = positions_from_cu_seqlens(cu, len(ids))
-        outs = sess.run(None, {"input_ids": ids.numpy(), "cu_seqlens": cu.numpy(), "positions": pos.numpy()})
+        feed = fresh_prefill_feed(folder, ids, cu, pos, max(lens))          # fresh prompts: zero past states
+        outs = sess.run(None, {i.name: feed[i.name].numpy() for i in sess.get_inputs()})
+        past = [feed[s.prefill_input] for s in folder.states]
         with torch.no_grad():
-            logits, states = net.forward_prefill(ids, cu, positions=pos, last_only=True, attention="mask")
+            logits, states = net.forward_prefill(ids, cu, list(zip(past[0::2], past[1::2])), positions=pos,
+                                                 last_only=True, pad_index=feed["pad_index"])
             hf_last = torch.stack([hf(input_ids=ids[None, int(a):int(b)]).logits[0, -1]
                                    for a, b in zip(cu[:-1], cu[1:])])
         got = torch.from_numpy(outs[0])

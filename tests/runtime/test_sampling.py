@@ -261,7 +261,7 @@ class _ToyLM:
 def _toy(V=128, eos=()):
     spec = StateSpec(0, "gdn", "toy", "float32", None, "state", "state_in", "state_out", ["B", 1])
     folder = SimpleNamespace(vocab_size=V, max_positions=0, eos_token_ids=list(eos), interop=False,
-                             has_positions=True, states=[spec])
+                             has_positions=True, prefill_continues=False, states=[spec])
     return folder, _ToyLM(V)
 
 
