@@ -21,7 +21,7 @@ from conftest import rel_err, seed_for
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 import hf_tiny_models as tiny  # noqa: E402
-from test_speculative import write_mtp  # noqa: E402
+from test_speculative import one_thread, write_mtp  # noqa: E402,F401  (one_thread: autouse fixture)
 
 from gdn_deploy.errors import ExitCode  # noqa: E402
 from gdn_deploy.export import cli as export_cli  # noqa: E402
@@ -39,14 +39,6 @@ FAMILIES = {"qwen3_5": "dense", "qwen3_next": "moe", "qwen3_5_moe": "moe", "olmo
 _spec = importlib.util.spec_from_file_location("decode_loop", REPO / "samples" / "decode_loop.py")
 decode_loop = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(decode_loop)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
