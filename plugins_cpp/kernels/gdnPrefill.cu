@@ -422,8 +422,7 @@ cudaError_t launchChunked(
         lc.stream = stream;
         lc.attrs = attr;
         // (beside: the wgmma scan, V-tile 64; context-parallel pass 2: the dependent of the fix-up)
-        lc.numAttrs = beside ? (ws.scanCluster > 1 ? 2 : 1) : (ws.segments > 1
-            && prefill_cp::cpProgrammatic(p, ws.segments, cfg::kCpProgrammaticChunks) ? 1 : 0);
+        lc.numAttrs = beside ? (ws.scanCluster > 1 ? 2 : 1) : (ws.segments > 1 && cfg::kCpProgrammaticLaunch ? 1 : 0);
         cudaError_t e = cudaLaunchKernelEx(&lc, kern, p, ws, extra...);
         if (e != cudaSuccess && lc.numAttrs == 2)
         {

@@ -82,19 +82,10 @@ constexpr bool kCpAuto = true;
 constexpr bool kCpPass1Wg = true;
 // The workspace holds the segments of a device of up to kCpSmBound SMs (the segment count grows with the SMs).
 constexpr int kCpSmBound = 256;
-// Programmatic dependent launches of the kernels after the prep (pass 1 on wgmma; the fix-up and pass 2 on wgmma), by
-// segment length (chunks per segment, on average over the batch): pass 1 where segments are at most
-// kCpProgrammaticPass1Chunks chunks long, the fix-up and pass 2 where at most kCpProgrammaticChunks; stream order
-// elsewhere. Short segments: the host's launch gaps are a large part of the call; 1x64K (128 chunks) took 0.499-0.505
-// ms with all three programmatic against 0.489-0.490 in stream order [Programmatic launches by segment length].
-#ifndef GDN_CP_PROGRAMMATIC_PASS1_CHUNKS
-#define GDN_CP_PROGRAMMATIC_PASS1_CHUNKS 64
-#endif
-#ifndef GDN_CP_PROGRAMMATIC_CHUNKS
-#define GDN_CP_PROGRAMMATIC_CHUNKS 64
-#endif
-constexpr int kCpProgrammaticPass1Chunks = GDN_CP_PROGRAMMATIC_PASS1_CHUNKS;
-constexpr int kCpProgrammaticChunks = GDN_CP_PROGRAMMATIC_CHUNKS;
+// Whether the kernels after the prep (pass 1 on wgmma, the fix-up, pass 2 on wgmma) launch as programmatic
+// dependents of the kernel before them: no, 1x64K took 0.499-0.505 ms with them against 0.489-0.490 in stream order,
+// and 1x8K gained only the host's launch gaps [Where the time goes; the fix-up as a pipeline].
+constexpr bool kCpProgrammaticLaunch = false;
 
 // ---- fp32 I/O: token-by-token kernel [fp32 prefill]
 constexpr int kRecTokens = 16;  // tokens staged in shared memory per step (one barrier pair per 16 tokens)

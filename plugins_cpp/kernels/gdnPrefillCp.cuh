@@ -231,9 +231,9 @@ struct CpFixSmem
     float sT[2][kFixCols][MS];  // S_s^T (this CTA's columns), double-buffered over the steps
 };
 
-// Programmatic dependent launch (sm_90; by segment length, cpProgrammatic): the context-parallel kernels after the
-// prep can each launch as the programmatic dependent of the one before (cpLaunchDependent), so that a kernel's CTAs
-// are placed and set up while the one before drains. Every CTA waits for the previous grid's
+// Programmatic dependent launch (sm_90; kCpProgrammaticLaunch, off: measured slower at 1x64K): the context-parallel
+// kernels after the prep can each launch as the programmatic dependent of the one before (cpLaunchDependent), so
+// that a kernel's CTAs are placed and set up while the one before drains. Every CTA waits for the previous grid's
 // completion (griddepcontrol.wait: it and its memory operations) before it reads anything that grid or an earlier
 // one wrote, and only then lets the next kernel launch, so that a kernel launched early finds every grid before its
 // predecessor complete.
@@ -245,19 +245,11 @@ __device__ __forceinline__ void cpWaitPreviousGrid()
 #endif
 }
 
-// Whether a kernel after the prep launches as a programmatic dependent: where the segments hold at most maxChunks
-// chunks on average over the batch (shapes only: kCpProgrammaticPass1Chunks for pass 1, kCpProgrammaticChunks for
-// the fix-up and pass 2)
-inline bool cpProgrammatic(GdnPrefillParams const& p, int segments, int maxChunks)
-{
-    return int64_t(p.T) <= int64_t(maxChunks) * kC * std::max<int64_t>(int64_t(p.N) * segments, 1);
-}
-
-// kern<<<grid, threads, smem, stream>>>(args...), as the programmatic dependent of the stream's previous kernel
-// where `programmatic` (else in plain stream order, and griddepcontrol.wait returns at once)
+// kern<<<grid, threads, smem, stream>>>(args...) as the programmatic dependent of the stream's previous kernel
+// (kCpProgrammaticLaunch; else in plain stream order, and griddepcontrol.wait returns at once)
 template <typename... KArgs, typename... Args>
-cudaError_t cpLaunchDependent(void (*kern)(KArgs...), dim3 grid, int threads, int smem, cudaStream_t stream,
-    bool programmatic, Args const&... args)
+cudaError_t cpLaunchDependent(
+    void (*kern)(KArgs...), dim3 grid, int threads, int smem, cudaStream_t stream, Args const&... args)
 {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -268,7 +260,7 @@ cudaError_t cpLaunchDependent(void (*kern)(KArgs...), dim3 grid, int threads, in
     lc.dynamicSmemBytes = size_t(smem);
     lc.stream = stream;
     lc.attrs = attr;
-    lc.numAttrs = programmatic ? 1 : 0;
+    lc.numAttrs = kCpProgrammaticLaunch ? 1 : 0;
     return cudaLaunchKernelEx(&lc, kern, args...);
 }
 
@@ -399,8 +391,7 @@ cudaError_t launchCp(
         auto kern = gdnPrefillCpFixKernel<K>;
         int const smem = int(sizeof(CpFixSmem<K>));
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        GDN_CUDA_TRY(cpLaunchDependent(kern, dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads, smem, stream,
-            cpProgrammatic(p, G, kCpProgrammaticChunks), p, cw));
+        GDN_CUDA_TRY(cpLaunchDependent(kern, dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads, smem, stream, p, cw));
     }
     if (pass2)
     {

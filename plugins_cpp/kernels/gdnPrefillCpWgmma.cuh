@@ -216,8 +216,7 @@ __global__ void __launch_bounds__(kCpWgThreads, 2) gdnPrefillCpPass1WgKernel(
 #endif
 }
 
-// Pass 1 on wgmma (K <= 128), on `stream` after the prep kernel (its programmatic dependent where the segments are
-// short: cpProgrammatic); then
+// Pass 1 on wgmma (K <= 128), on `stream` after the prep kernel (its programmatic dependent); then
 // launchCp(.., pass1 = false, ..)
 template <typename T, int K>
 cudaError_t launchCpPass1Wg(
@@ -230,8 +229,8 @@ cudaError_t launchCpPass1Wg(
     auto kern = gdnPrefillCpPass1WgKernel<T, K>;
     int const smem = int(sizeof(CpWgSmem<T, K>)) + 1024;  // + 1 KB: alignment slack for the swizzled tiles
     GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return cpLaunchDependent(kern, dim3(unsigned(p.N * (G - 1)), p.Hv, (p.V + K) / 64), kCpWgThreads, smem, stream,
-        cpProgrammatic(p, G, kCpProgrammaticPass1Chunks), p, ws, cw, maps);
+    return cpLaunchDependent(kern, dim3(unsigned(p.N * (G - 1)), p.Hv, (p.V + K) / 64), kCpWgThreads, smem, stream, p,
+        ws, cw, maps);
 }
 
 } // namespace prefill_cp

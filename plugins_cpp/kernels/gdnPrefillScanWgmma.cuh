@@ -333,7 +333,7 @@ __global__ void __maxnreg__(kScanLaunchRegs) gdnPrefillScanWgKernel(
     int64_t const sbase = ((int64_t)n * Hv + h) * K * V;
     if (G > 1)
     {
-        // context-parallel pass 2, when launched as the programmatic dependent of the fix-up (cpProgrammatic;
+        // context-parallel pass 2, when launched as the programmatic dependent of the fix-up (kCpProgrammaticLaunch;
         // the fix-up had waited for every kernel before it, so the producer's tiles are complete): segInit after it
         asm volatile("griddepcontrol.wait;" ::: "memory");
         loadStateT(s, ws.segInit, ((int64_t)(n * G + sg) * Hv + h) * K * V, V, vw, lane);
