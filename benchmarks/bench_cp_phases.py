@@ -1,11 +1,13 @@
 """Where the context-parallel prefill's time goes: per-kernel device time of one launch (prep, pass 1, fix-up,
-pass 2), from the torch profiler (CUPTI), median over repeats, next to the launch's GPU busy time.
+pass 2), from the torch profiler (CUPTI), median over repeats, next to the launch's GPU busy time and the time of one
+CUDA-graph replay of the launch.
 
   python benchmarks/bench_cp_phases.py [--cases a,b] [--scan cp_wg] [--segments 0] [--reps 15] [--tag NAME]
 
 Loads the kernel library named by GDN_KERNELS_LIB (so that two builds can be compared in one device call, one
-process each). Prints one line per case: busy ms, then each kernel's median us and the sum of the gaps (busy minus
-the kernels: launch gaps and tails between dependent kernels).
+process each). Prints one line per case: busy ms (first kernel start to last kernel end of one eager launch), graph
+ms (median of CUDA events around one replay of a graph holding the launch), then each kernel's median us and the sum
+of the gaps (busy minus the kernels: launch gaps and tails between dependent kernels).
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_kernels import time_graph_one  # noqa: E402  (benchmarks/bench_kernels.py)
+from prefill_inputs import ours_prefill_params, prefill_case_inputs  # noqa: E402  (benchmarks/prefill_inputs.py)
 
 # (name, sequence lengths, (Hk, Hv, K, V)): the shard shapes of bench_kernels.py that run context parallel
 CASES = [("Hk2Hv8 1x64K", [65536], (2, 8, 128, 128)), ("Hk4Hv8 1x64K", [65536], (4, 8, 128, 128)),
@@ -72,17 +77,9 @@ def main(argv=None):
     for name, seqlens, (Hk, Hv, K, V) in CASES:
         if a.cases and not any(f == name or f in name for f in a.cases.split(",")):
             continue
-        T, N = sum(seqlens), len(seqlens)
-        gen = torch.Generator(device="cuda").manual_seed(7)
-        r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-        q, k, v = r(T, Hk, K).bfloat16(), r(T, Hk, K).bfloat16(), r(T, Hv, V).bfloat16()
-        g = -torch.rand(T, Hv, device="cuda", generator=gen) * 0.5 - 0.01
-        beta = torch.rand(T, Hv, device="cuda", generator=gen)
-        cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        h0 = 0.1 * r(N, Hv, K, V)
-        o, fs = torch.empty_like(v), torch.empty_like(h0)
-        p = L.prefill_params(q, k, v, g, beta, cu, h0, o, fs, gate_mode=0, use_qk_l2norm=1, scale=0.0,
-                             l2norm_eps=1e-6)
+        inp = prefill_case_inputs(seqlens, Hk, Hv, K, V)
+        p, o, fs = ours_prefill_params(L, inp)
+        q = inp["q"]
         kw = {} if a.scan == "auto" else dict(scan=a.scan, segments=a.segments)
         ws = torch.empty(L.prefill_workspace_bytes(kernels.LIB, p, kw.get("segments")), dtype=torch.uint8,
                          device="cuda")
@@ -100,12 +97,14 @@ def main(argv=None):
             for kk, us in ph.items():
                 per.setdefault(kk, []).append(us)
         bm = statistics.median(busy)
+        graph_ms = time_graph_one(run, reps=a.reps)
         med = {kk: statistics.median(x) for kk, x in per.items()}
         gaps = bm - sum(med.values())
         cols = "  ".join(f"{kk} {us:7.1f}" for kk, us in sorted(med.items(), key=lambda t: -t[1]))
+        gm = f"{graph_ms:.3f}" if graph_ms is not None else "-"
         print(f"[phases{' ' + a.tag if a.tag else ''}] {name:18s} scan={a.scan} G={a.segments}  busy {bm / 1e3:.3f} ms"
-              f"  | us: {cols}  gaps {gaps:6.1f}", flush=True)
-        del q, k, v, g, beta, h0, o, fs, ws
+              f"  graph {gm} ms  | us: {cols}  gaps {gaps:6.1f}", flush=True)
+        del inp, q, o, fs, ws
         torch.cuda.empty_cache()
     return 0
 

@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gdn_deploy import ops  # noqa: E402,F401  (registers torch.ops.gdn.*)
+from prefill_inputs import ours_prefill_params, prefill_case_inputs  # noqa: E402  (benchmarks/prefill_inputs.py)
 
 ROWS: list[dict] = []
 
@@ -429,20 +430,12 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
         log(f"[prefill] ours unavailable: {kernels.PREFILL_UNAVAILABLE_REASON}")
     for name, seqlens, (Hk, Hv, K, V) in todo:
         T, N = sum(seqlens), len(seqlens)
-        gen = torch.Generator(device="cuda").manual_seed(7)
-        r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-        q, k, v = r(T, Hk, K).bfloat16(), r(T, Hk, K).bfloat16(), r(T, Hv, V).bfloat16()
-        g = -torch.rand(T, Hv, device="cuda", generator=gen) * 0.5 - 0.01
-        beta = torch.rand(T, Hv, device="cuda", generator=gen)
-        cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        h0 = 0.1 * r(N, Hv, K, V)
+        x = prefill_case_inputs(seqlens, Hk, Hv, K, V)
+        q, k, v, g, beta, cu, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "cu", "h0"))
         res, sync, graph, o_ours = {}, {}, {}, None  # GPU ms (primary), per-call ms with sync, graph replay
         if have_ours:
             L = kernels.launch
-            o = torch.empty_like(v)
-            fs = torch.empty_like(h0)
-            p = L.prefill_params(q, k, v, g, beta, cu, h0, o, fs, gate_mode=0, use_qk_l2norm=1, scale=0.0,
-                                 l2norm_eps=1e-6)
+            p, o, fs = ours_prefill_params(L, x)
             nb = L.prefill_workspace_bytes(kernels.LIB, p)
             ws = torch.empty(nb, dtype=torch.uint8, device="cuda") if nb else None
             def ours():
@@ -508,7 +501,7 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
             "  ".join(f"{i}={ms:.3f}ms" for i, ms in res.items()) + "  | per call with sync " +
             "  ".join(f"{i}={ms:.3f}ms" for i, ms in sync.items()) +
             "  | graph replay " + "  ".join(f"{i}={ms:.3f}ms" for i, ms in graph.items() if ms))
-        del q, k, v, g, beta, h0
+        del x, q, k, v, g, beta, h0
         torch.cuda.empty_cache()
 
 
