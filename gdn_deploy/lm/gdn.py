@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.gdn.*)
+from ..kernels import trusted_values
 from . import triton_ops
 from .norms import GatedRMSNorm, wide
 
@@ -310,9 +311,10 @@ class GDNBlock(nn.Module):
         mixed, conv_out = self._varlen_conv(mixed, cu_seqlens, conv_state)
         q, k, v = self._split_qkv(mixed)
         gt = self._gate_args(a, b)
-        o, rec_out = torch.ops.gdn.prefill(q, k, v, gt["g"], gt["beta"], cu_seqlens, _state32(rec_state), gt["A_log"],
-                                           gt["dt_bias"], gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
-                                           l2norm_eps=L2NORM_EPS)
+        with trusted_values():                   # our own tensors: no value checks (device syncs) on CUDA
+            o, rec_out = torch.ops.gdn.prefill(q, k, v, gt["g"], gt["beta"], cu_seqlens, _state32(rec_state),
+                                               gt["A_log"], gt["dt_bias"], gate_mode=gt["gate_mode"],
+                                               use_qk_l2norm=1, scale=0.0, l2norm_eps=L2NORM_EPS)
         return self._output(o, z), conv_out, rec_out
 
     def decode(self, x: Tensor, conv_state: Tensor, rec_state: Tensor):
@@ -321,9 +323,10 @@ class GDNBlock(nn.Module):
         mixed, conv_out = self._step_conv(mixed, conv_state)
         q, k, v = self._split_qkv(mixed)
         gt = self._gate_args(a, b)
-        o, rec_out = torch.ops.gdn.decode(q, k, v, gt["g"], gt["beta"], _state32(rec_state), gt["A_log"], gt["dt_bias"],
-                                          gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
-                                          l2norm_eps=L2NORM_EPS)
+        with trusted_values():
+            o, rec_out = torch.ops.gdn.decode(q, k, v, gt["g"], gt["beta"], _state32(rec_state), gt["A_log"],
+                                              gt["dt_bias"], gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
+                                              l2norm_eps=L2NORM_EPS)
         return self._output(o, z), conv_out, rec_out
 
     def decode_pool(self, x: Tensor, conv_pool: Tensor, rec_pool: Tensor, slots: Tensor) -> Tensor:

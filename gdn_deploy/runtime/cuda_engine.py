@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
+from ..kernels import trusted_values
 from ..lm.attention import rope_inv_freq
 from ..lm.gdn import L2NORM_EPS
 from .decode_attention import decode_attention
@@ -109,9 +110,10 @@ class StaticDecoder:
         q, k, v, g, beta, A_log, dt_bias, z, conv_new = self.fns.gdn_in(layer, h, conv_pool, slots, self.packs)
         if conv_new is not None:                                       # else written in place by gdn_in
             conv_pool.index_copy_(0, slots, conv_new)
-        o = torch.ops.gdn.decode_pool_(q, k, v, g, beta, rec_pool, gdn_slots, A_log, dt_bias,
-                                       gate_mode=1 if A_log is not None else 0, use_qk_l2norm=1, scale=0.0,
-                                       l2norm_eps=L2NORM_EPS)
+        with trusted_values():                   # the engine's own slots and tensors: no device syncs
+            o = torch.ops.gdn.decode_pool_(q, k, v, g, beta, rec_pool, gdn_slots, A_log, dt_bias,
+                                           gate_mode=1 if A_log is not None else 0, use_qk_l2norm=1, scale=0.0,
+                                           l2norm_eps=L2NORM_EPS)
         return self.fns.gdn_out(layer, h, o, z, self.packs)
 
     def _attn(self, layer, h: Tensor, pools, slots: Tensor, pos: Tensor, inv_freq: Optional[Tensor]) -> Tensor:
