@@ -15,13 +15,18 @@ our PyTorch model (fp32, the reference GDN path) and HF eager (its PyTorch fallb
 model in bf16 on the gdn CUDA kernels and HF in bf16 (FLA's kernels when fla-core is importable: HF picks them
 up itself) on the same GPU. Configs: ``tiny`` (hidden 256, 4 layers, GDN K=V=128) and ``mid`` (Qwen3.5-0.8B shapes:
 hidden 1024, 8/2 attention heads of 256, 16 GDN heads K=V=128, MLP 3584, with 4 layers (3 GDN + 1 attention) and a
-32K vocabulary instead of 24 layers and 248K). Writes bench_generate.json and a markdown table to --out.
+32K vocabulary instead of 24 layers and 248K), ``moe`` (Qwen3-Next-shaped: the mid shapes with 32 GDN value heads
+and every MLP a 64-expert top-8 MoE with a shared expert; decode gathers each token's k experts). Writes
+bench_generate.json and a markdown table to --out.
 
 --engine-batches 1,8,64 (cuda): per decode step in ms at each batch size (prompts of --prompt-len), side by side:
-the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket, fuse=True:
-the step's glue fused by torch.compile), the graphed engine without fusion (its default), the same step eager, the model's forward_decode (the runtime's eager path) and HF (+ FLA) (its decode tok/s turned into ms per
-step), with the byte floor: weights + GDN states + the filled KV read once at the copy bandwidth measured in the
-same run. --engine-only skips the throughput rows above.
+the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket) fused by
+torch.compile (fuse=True), by default (the Triton glue kernels of gdn_deploy.lm.triton_ops) and with the glue on
+eager torch ops (triton_ops.ENABLED off), the default step eager, the model's forward_decode (the runtime's eager
+path) and HF (+ FLA) (its decode tok/s turned into ms per step), with the byte floor: weights (MoE: only the experts
+the batch can reach) + GDN states + the filled KV read once at the copy bandwidth measured in the same run.
+--engine-only skips the throughput rows above (which time prefill with and without the Triton glue).
+--profile also writes the prefill's kernel tables (ours with the glue, HF) to --out/profile_<config>_prefill.md.
 """
 from __future__ import annotations
 
