@@ -46,7 +46,7 @@ from .engine_fast import FastLayerFns, fast_available
 from .engine_layers import LayerFns, compile_available, pack_model
 from .generation import GenerationResult, token_budgets
 from .sampling import Sampler, SamplingConfig
-from .streaming import TextStream, check_stop_strings
+from .streaming import TextStream, accept_token, check_stop_strings
 
 __all__ = ["StaticDecoder", "DecodeEngine", "engine_generate", "batch_buckets"]
 
@@ -300,16 +300,11 @@ def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
     def take(rows: list[int], logits: Tensor) -> None:
         ids = sampler(logits, rows)
         for r, (i, t) in enumerate(zip(rows, ids.tolist())):
-            tokens[i].append(t)
-            if t in eos:
-                reasons[i] = "eos"
-            elif streams is not None and _push_text(streams[i], t, i, on_text):
-                reasons[i] = "stop"
-            elif len(tokens[i]) < budgets[i]:
+            why = accept_token(i, t, tokens, budgets[i], eos, streams, on_text)
+            if why is None:
                 next_ids[i] = ids[r:r + 1]
                 continue
-            if streams is not None:          # the sequence ends here: emit its held-back text
-                _flush_text(streams[i], i, on_text)
+            reasons[i] = why
             engine.release([slot_of[i]])
             live.remove(i)
 
@@ -346,17 +341,3 @@ def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _push_text(stream: TextStream, token: int, i: int, on_text) -> bool:
-    """Push a token into prompt i's text stream; True when a stop string ended it."""
-    piece = stream.push(token)
-    if piece and on_text is not None:
-        on_text(i, piece)
-    return stream.stopped
-
-
-def _flush_text(stream: TextStream, i: int, on_text) -> None:
-    piece = stream.finish()
-    if piece and on_text is not None:
-        on_text(i, piece)
