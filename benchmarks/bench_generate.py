@@ -15,13 +15,18 @@ our PyTorch model (fp32, the reference GDN path) and HF eager (its PyTorch fallb
 model in bf16 on the gdn CUDA kernels and HF in bf16 (FLA's kernels when fla-core is importable: HF picks them
 up itself) on the same GPU. Configs: ``tiny`` (hidden 256, 4 layers, GDN K=V=128) and ``mid`` (Qwen3.5-0.8B shapes:
 hidden 1024, 8/2 attention heads of 256, 16 GDN heads K=V=128, MLP 3584, with 4 layers (3 GDN + 1 attention) and a
-32K vocabulary instead of 24 layers and 248K). Writes bench_generate.json and a markdown table to --out.
+32K vocabulary instead of 24 layers and 248K), ``moe`` (Qwen3-Next-shaped: the mid shapes with 32 GDN value heads
+and every MLP a 64-expert top-8 MoE with a shared expert; decode gathers each token's k experts). Writes
+bench_generate.json and a markdown table to --out.
 
 --engine-batches 1,8,64 (cuda): per decode step in ms at each batch size (prompts of --prompt-len), side by side:
-the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket, fuse=True:
-the step's glue fused by torch.compile), the graphed engine without fusion (its default), the same step eager, the model's forward_decode (the runtime's eager path) and HF (+ FLA) (its decode tok/s turned into ms per
-step), with the byte floor: weights + GDN states + the filled KV read once at the copy bandwidth measured in the
-same run. --engine-only skips the throughput rows above.
+the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket) fused by
+torch.compile (fuse=True), by default (the Triton glue kernels of gdn_deploy.lm.triton_ops) and with the glue on
+eager torch ops (triton_ops.ENABLED off), the default step eager, the model's forward_decode (the runtime's eager
+path) and HF (+ FLA) (its decode tok/s turned into ms per step), with the byte floor: weights (MoE: only the experts
+the batch can reach) + GDN states + the filled KV read once at the copy bandwidth measured in the same run.
+--engine-only skips the throughput rows above (which time prefill with and without the Triton glue).
+--profile also writes the prefill's kernel tables (ours with the glue, HF) to --out/profile_<config>_prefill.md.
 """
 from __future__ import annotations
 
@@ -45,17 +50,28 @@ CONFIGS = {
     "mid": dict(vocab_size=32768, hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=8,
                 num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
                 linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4),
+    # Qwen3-Next-shaped MoE (GVA 16 -> 32 value heads; every layer's MLP: 64 experts, top 8, + a shared expert)
+    "moe": dict(vocab_size=32768, hidden_size=1024, intermediate_size=3584, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                linear_conv_kernel_dim=4, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=256,
+                shared_expert_intermediate_size=256, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
 }
 LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 
 
 def build_hf(name: str, folder: Path):
     import transformers as tf
-    c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=8192, tie_word_embeddings=True,
-             rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
-                                  mrope_section=[11, 11, 10], mrope_interleaved=True))
     torch.manual_seed(0)
-    model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**c)).eval()
+    if name == "moe":
+        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=8192, tie_word_embeddings=False,
+                 rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
+        model = tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**c)).eval()
+    else:
+        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=8192, tie_word_embeddings=True,
+                 rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
+                                      mrope_section=[11, 11, 10], mrope_interleaved=True))
+        model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**c)).eval()
     with torch.no_grad():     # non-trivial gates so the GDN state does real work
         for m in model.modules():
             if hasattr(m, "A_log") and hasattr(m, "dt_bias"):
@@ -80,10 +96,11 @@ def bench_ours(folder, backend, prompts, new, repeats):
     return _median(pre), _median(dec), r.tokens
 
 
-def bench_model_cuda(model, prompts, new, repeats, attention="auto"):
+def bench_model_cuda(model, prompts, new, repeats, attention="auto", profile_path=None):
     """Our HybridLM on the GPU (GDN layers on the gdn CUDA kernels): one packed prefill, one decode per step.
     ``attention``: forward_prefill's form of per-sequence attention ("spans": fused per sequence, eager's
-    default; "mask": the [T, T] block-diagonal mask the exported graphs hold)."""
+    default; "mask": the [T, T] block-diagonal mask the exported graphs hold). ``profile_path``: append the
+    prefill's kernel table there."""
     from gdn_deploy.lm.generate import pack_prompts
     from gdn_deploy.lm.model import decode_states_from_prefill
     ids, cu = pack_prompts(prompts, "cuda")
@@ -110,6 +127,10 @@ def bench_model_cuda(model, prompts, new, repeats, attention="auto"):
 
     with torch.no_grad():
         once(4)                                                                   # warm-up
+        if profile_path is not None:
+            profile_step(lambda: model.forward_prefill(ids, cu, last_only=True, attention=attention), profile_path,
+                         f"ours, prefill {len(prompts)} x {len(prompts[0])} (attention {attention}, Triton glue: "
+                         f"{_glue()})")
         pre, dec = [], []
         for _ in range(repeats):
             t_pre, t_dec, toks = once(new)
@@ -118,7 +139,7 @@ def bench_model_cuda(model, prompts, new, repeats, attention="auto"):
     return _median(pre), _median(dec), toks
 
 
-def bench_hf(model, prompts, new, repeats, device):
+def bench_hf(model, prompts, new, repeats, device, profile_path=None):
     ids = torch.tensor(prompts, device=device)
     mask = torch.ones_like(ids)
     model.generation_config.eos_token_id = None
@@ -136,6 +157,9 @@ def bench_hf(model, prompts, new, repeats, device):
 
     with torch.no_grad():
         model(input_ids=ids)                                                       # warm-up
+        if profile_path is not None:
+            profile_step(lambda: model(input_ids=ids), profile_path,
+                         f"HF ({fla_status()}), prefill {ids.shape[0]} x {ids.shape[1]}")
         model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4)
         pre, dec = [], []
         for _ in range(repeats):
@@ -168,9 +192,15 @@ def copy_bandwidth() -> float:
 
 
 def byte_floor(model, B: int, L: int, bw: float) -> float:
-    """ms to read weights + GDN states + B sequences' L cached keys/values once at bw bytes/s."""
+    """ms to read weights + GDN states + B sequences' L cached keys/values once at bw bytes/s (MoE layers: the
+    experts B tokens x top-k can reach, at most all)."""
+    from gdn_deploy.lm.mlp import SparseMoE
     n = sum(p.numel() * p.element_size() for p in model.parameters())
     for layer in model.layers:
+        if isinstance(layer.mlp, SparseMoE):
+            c = layer.mlp.config
+            e = sum(p.numel() * p.element_size() for p in layer.mlp.experts.parameters())
+            n -= e - e * min(c.num_experts, B * c.top_k) // c.num_experts
         if layer.layer_type == "linear_attention":
             conv, rec = layer.linear_attn.init_states(1, device="meta")
             n += B * (conv.numel() * conv.element_size() + rec.numel() * 4)
@@ -208,8 +238,10 @@ def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name, prof
     bw = copy_bandwidth()
     V = model.hybrid_config.vocab_size
     gen = torch.Generator().manual_seed(2)
-    variants = (("engine_graph_ms", True, True), ("engine_graph_unfused_ms", True, False),
-                ("engine_eager_ms", False, False))
+    from gdn_deploy.lm import triton_ops
+    # (label, graphs, fuse, Triton glue kernels): the default is graphed, unfused, with the glue kernels
+    variants = (("engine_graph_ms", True, True, True), ("engine_graph_unfused_ms", True, False, True),
+                ("engine_graph_torchglue_ms", True, False, False), ("engine_eager_ms", False, False, True))
     for B in batches:
         prompts = [torch.randint(0, V, (prompt_len,), generator=gen).tolist() for _ in range(B)]
         cap = prompt_len + 3 * steps + 8
@@ -217,17 +249,22 @@ def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name, prof
                    copy_bw_GBs=bw / 1e9)
         ids = torch.randint(0, V, (B,), device="cuda")
         with torch.no_grad():
-            for label, graphs, fuse in variants:
-                t0 = time.perf_counter()
-                eng = DecodeEngine(model, pool_size=max(batches), capacity=cap, graphs=graphs, fuse=fuse)
-                row[label.replace("_ms", "_setup_s")] = time.perf_counter() - t0
-                slots, _ = eng.add(prompts)
-                sl = torch.tensor(slots, device="cuda")
-                row[label] = _cuda_ms(lambda: eng.decoder.step(ids, sl), steps)
-                if profile_dir is not None and (label == "engine_graph_ms" or B == batches[0] and graphs):
-                    profile_step(lambda: eng.decoder.step(ids, sl), Path(profile_dir) / f"profile_{name}_step.md",
-                                 f"{name} batch {B} x {prompt_len}, {label[:-3]} (fused: {eng.decoder.fns.fuse})")
-                del eng
+            for label, graphs, fuse, glue in variants:
+                triton_ops.ENABLED = glue
+                try:
+                    t0 = time.perf_counter()
+                    eng = DecodeEngine(model, pool_size=max(batches), capacity=cap, graphs=graphs, fuse=fuse)
+                    row[label.replace("_ms", "_setup_s")] = time.perf_counter() - t0
+                    slots, _ = eng.add(prompts)
+                    sl = torch.tensor(slots, device="cuda")
+                    row[label] = _cuda_ms(lambda: eng.decoder.step(ids, sl), steps)
+                    if profile_dir is not None and graphs and (glue or B == batches[0]):
+                        profile_step(lambda: eng.decoder.step(ids, sl), Path(profile_dir) / f"profile_{name}_step.md",
+                                     f"{name} batch {B} x {prompt_len}, {label[:-3]} (fused: {eng.decoder.fns.fuse}, "
+                                     f"Triton glue: {glue})")
+                    del eng
+                finally:
+                    triton_ops.ENABLED = True
             pids, cu = pack_prompts(prompts, "cuda")
             _, st = model.forward_prefill(pids, cu, last_only=True)
             st = decode_states_from_prefill(model.hybrid_config, st, cu, cap)
@@ -236,6 +273,7 @@ def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name, prof
         _, d, _ = bench_hf(hf16, prompts, steps, 2, "cuda")
         row["hf_ms"] = B / d * 1e3
         row["floor_fraction"] = row["floor_ms"] / row["engine_graph_ms"]
+        row["floor_fraction_default"] = row["floor_ms"] / row["engine_graph_unfused_ms"]
         row["speedup_vs_hf"] = row["hf_ms"] / row["engine_graph_ms"]
         rows.append(row)
         print(row, flush=True)
@@ -253,6 +291,11 @@ def _agreement(a, b) -> float:
                 break
             same += 1
     return same / max(total, 1)
+
+
+def _glue() -> str:
+    from gdn_deploy.lm import triton_ops
+    return "on" if triton_ops.ENABLED and triton_ops.triton is not None else "off"
 
 
 def fla_status() -> str:
@@ -302,15 +345,26 @@ def run_config(name, args, rows):
                                args.prompt_len, args.new, rows, name, profile_dir=args.out if args.profile else None)
         if args.engine_only:
             return
-        for attention, how in (("spans", "fused attention per sequence"), ("mask", "block-diagonal mask")):
-            p, d, got = bench_model_cuda(model, prompts, args.new, args.repeats, attention)
-            if attention == "spans":
+        from gdn_deploy.lm import triton_ops
+        prof = Path(args.out) / f"profile_{name}_prefill.md" if args.profile else None
+        if prof is not None:
+            prof.parent.mkdir(parents=True, exist_ok=True)
+        for attention, how, glue in (("spans", "fused attention per sequence", True),
+                                     ("spans", "fused attention per sequence, no Triton glue", False),
+                                     ("mask", "block-diagonal mask", True)):
+            triton_ops.ENABLED = glue
+            try:
+                p, d, got = bench_model_cuda(model, prompts, args.new, args.repeats, attention,
+                                             profile_path=prof if attention == "spans" else None)
+            finally:
+                triton_ops.ENABLED = True
+            if attention == "spans" and glue:
                 toks = got                           # the agreement with HF below is of the eager default
             rows.append(dict(config=name, shape=shape, runtime=f"gdn-deploy PyTorch on gdn CUDA kernels (bf16), "
                              f"prefill attention: {how}", prefill_tok_s=p, decode_tok_s=d))
             print(rows[-1], flush=True)
         hf16 = hf.to("cuda", torch.bfloat16)
-        p, d, hf_toks = bench_hf(hf16, prompts, args.new, args.repeats, "cuda")
+        p, d, hf_toks = bench_hf(hf16, prompts, args.new, args.repeats, "cuda", profile_path=prof)
         rows.append(dict(config=name, shape=shape, runtime=f"HF transformers bf16 ({fla_status()})",
                          prefill_tok_s=p, decode_tok_s=d, token_agreement=_agreement(toks, hf_toks)))
         print(rows[-1], flush=True)
@@ -351,12 +405,13 @@ def main(argv=None) -> int:
     steps = [r for r in rows if "engine_graph_ms" in r]
     rows = [r for r in rows if "engine_graph_ms" not in r]
     if steps:
-        lines = ["| config | batch x prompt | graphed engine ms | graphed, unfused ms | engine eager ms | "
-                 "forward_decode ms | HF ms | byte floor ms | floor / graphed | HF / graphed |",
-                 "|---|---|---|---|---|---|---|---|---|---|"] + [
+        lines = ["| config | batch x prompt | graphed + fused ms | graphed (default) ms | graphed, torch glue ms | "
+                 "engine eager ms | forward_decode ms | HF ms | byte floor ms | floor / fused | floor / default | "
+                 "HF / fused |", "|---|---|---|---|---|---|---|---|---|---|---|---|"] + [
             f"| {r['config']} | {r['batch']} x {r['prompt_len']} | {r['engine_graph_ms']:.3f} | "
-            f"{r['engine_graph_unfused_ms']:.3f} | {r['engine_eager_ms']:.3f} | {r['forward_decode_ms']:.3f} | {r['hf_ms']:.3f} | {r['floor_ms']:.3f} | "
-            f"{r['floor_fraction']:.2f} | {r['speedup_vs_hf']:.1f}x |" for r in steps] + [""] + lines
+            f"{r['engine_graph_unfused_ms']:.3f} | {r['engine_graph_torchglue_ms']:.3f} | {r['engine_eager_ms']:.3f} | "
+            f"{r['forward_decode_ms']:.3f} | {r['hf_ms']:.3f} | {r['floor_ms']:.3f} | {r['floor_fraction']:.2f} | "
+            f"{r['floor_fraction_default']:.2f} | {r['speedup_vs_hf']:.1f}x |" for r in steps] + [""] + lines
     for r in rows:
         lines.append(f"| {r['config']} | {r['shape']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "
                      f"{r['decode_tok_s']:.1f} |")

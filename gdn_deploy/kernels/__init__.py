@@ -19,6 +19,7 @@ reference with a one-time warning.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,8 +120,24 @@ def status() -> KernelStatus:
     return _STATUS if _STATUS is not None else register()
 
 
+_TRUST = threading.local()
+
+
+class trusted_values:
+    """``with trusted_values():`` the CUDA ops skip their value checks (finite inputs, cu_seqlens / slot ranges:
+    device-to-host syncs) for callers whose inputs come from their own computation, e.g. the model's layers;
+    the kernels clamp offsets and slots on the device either way. Shape and dtype checks stay."""
+
+    def __enter__(self):
+        _TRUST.depth = getattr(_TRUST, "depth", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        _TRUST.depth -= 1
+
+
 def _checks_values() -> bool:
-    return not torch.cuda.is_current_stream_capturing()
+    return not getattr(_TRUST, "depth", 0) and not torch.cuda.is_current_stream_capturing()
 
 
 def _same_cuda_device(names: tuple[str, ...], tensors: tuple[Optional[Tensor], ...]) -> torch.device:

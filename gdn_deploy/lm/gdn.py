@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops  # noqa: F401  (registers torch.ops.gdn.*)
+from ..kernels import trusted_values
+from . import triton_ops
 from .norms import GatedRMSNorm, wide
 
 __all__ = ["GDNConfig", "GDNBlock", "PROJECTION_LAYOUTS", "L2NORM_EPS", "check_state_dict"]
@@ -236,6 +238,8 @@ class GDNBlock(nn.Module):
         computed from cu_seqlens (no data-dependent Python control flow)."""
         T, C, W = mixed.shape[0], mixed.shape[1], self.conv_kernel_size
         N = cu_seqlens.shape[0] - 1
+        if T > 0 and W >= 2 and mixed.stride(-1) == 1 and triton_ops.usable(mixed, conv_state, self.conv1d.weight):
+            return self._varlen_conv_triton(mixed, cu_seqlens, conv_state)
         dev = mixed.device
         cu = cu_seqlens.to(torch.long)
         starts, ends = cu[:-1], cu[1:]
@@ -261,6 +265,20 @@ class GDNBlock(nn.Module):
                           torch.arange(N, device=dev)[:, None] * (W - 1) + lens[:, None] + i[None, :])
         new_state = table.index_select(0, idx.reshape(-1)).reshape(N, W - 1, C).transpose(1, 2)
         return out, new_state.contiguous()
+
+    def _varlen_conv_triton(self, mixed: Tensor, cu_seqlens: Tensor, conv_state: Tensor):
+        """:meth:`_varlen_conv` on CUDA: the taps in one Triton kernel (no [T, C] gathers per tap); the final
+        state gathered from x and the initial state."""
+        T, W = mixed.shape[0], self.conv_kernel_size
+        out = triton_ops.varlen_conv(mixed, cu_seqlens, conv_state, self.conv1d.weight[:, 0, :], self.conv1d.bias)
+        cu = cu_seqlens.to(torch.long)
+        lens = cu[1:] - cu[:-1]
+        rel = lens[:, None] - (W - 1) + torch.arange(W - 1, device=mixed.device)[None, :]     # [N, W-1]
+        from_x = mixed.index_select(0, (cu[:-1, None] + rel).clamp(0, T - 1).reshape(-1))   # [N*(W-1), C]
+        init = conv_state.to(mixed.dtype).transpose(1, 2)                                     # [N, W-1, C]
+        from_s = init.gather(1, (rel + (W - 1)).clamp(0, W - 2)[:, :, None].expand(-1, -1, init.shape[2]))
+        new_state = torch.where((rel >= 0)[:, :, None], from_x.reshape(from_s.shape), from_s)
+        return out, new_state.transpose(1, 2).contiguous()
 
     def _step_conv(self, mixed: Tensor, conv_state: Tensor):
         """One token per sequence: mixed [B, C], conv_state [B, C, W-1] -> (out [B, C], new_state)."""
@@ -293,9 +311,10 @@ class GDNBlock(nn.Module):
         mixed, conv_out = self._varlen_conv(mixed, cu_seqlens, conv_state)
         q, k, v = self._split_qkv(mixed)
         gt = self._gate_args(a, b)
-        o, rec_out = torch.ops.gdn.prefill(q, k, v, gt["g"], gt["beta"], cu_seqlens, _state32(rec_state), gt["A_log"],
-                                           gt["dt_bias"], gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
-                                           l2norm_eps=L2NORM_EPS)
+        with trusted_values():                   # our own tensors: no value checks (device syncs) on CUDA
+            o, rec_out = torch.ops.gdn.prefill(q, k, v, gt["g"], gt["beta"], cu_seqlens, _state32(rec_state),
+                                               gt["A_log"], gt["dt_bias"], gate_mode=gt["gate_mode"],
+                                               use_qk_l2norm=1, scale=0.0, l2norm_eps=L2NORM_EPS)
         return self._output(o, z), conv_out, rec_out
 
     def decode(self, x: Tensor, conv_state: Tensor, rec_state: Tensor):
@@ -304,9 +323,10 @@ class GDNBlock(nn.Module):
         mixed, conv_out = self._step_conv(mixed, conv_state)
         q, k, v = self._split_qkv(mixed)
         gt = self._gate_args(a, b)
-        o, rec_out = torch.ops.gdn.decode(q, k, v, gt["g"], gt["beta"], _state32(rec_state), gt["A_log"], gt["dt_bias"],
-                                          gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
-                                          l2norm_eps=L2NORM_EPS)
+        with trusted_values():
+            o, rec_out = torch.ops.gdn.decode(q, k, v, gt["g"], gt["beta"], _state32(rec_state), gt["A_log"],
+                                              gt["dt_bias"], gate_mode=gt["gate_mode"], use_qk_l2norm=1, scale=0.0,
+                                              l2norm_eps=L2NORM_EPS)
         return self._output(o, z), conv_out, rec_out
 
     def decode_pool(self, x: Tensor, conv_pool: Tensor, rec_pool: Tensor, slots: Tensor) -> Tensor:

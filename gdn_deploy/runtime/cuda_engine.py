@@ -16,6 +16,9 @@ and MoE layers gather their k experts per token, so on CUDA the step for a batch
 (1, 2, 4, ... up to P) with ``torch.cuda.CUDAGraph`` and replayed; a batch of B rows runs the smallest bucket
 >= B, the extra rows pointed at the scratch slot (their GDN rows skipped with slot -1).
 
+Unfused on CUDA with triton (the default; ``kernels=False`` turns it off) the glue between the pool updates runs on
+Triton kernels (:mod:`.engine_fast`: residual add + RMSNorm, gated output norm, the conv window in place in its
+pool, SiLU x up, each one kernel) and the projections that read one input share one GEMM (as below).
 With ``fuse=True`` (CUDA with triton; opt-in, see docs/performance.md) the per-layer math between the pool updates runs through
 ``torch.compile`` (:mod:`.engine_layers`: pure functions, so Inductor fuses norms, gates, the conv window and RoPE
 without touching the pools) and projections that read one input share one GEMM on a packed weight (the model's
@@ -35,13 +38,15 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
+from ..kernels import trusted_values
 from ..lm.attention import rope_inv_freq
 from ..lm.gdn import L2NORM_EPS
 from .decode_attention import decode_attention
+from .engine_fast import FastLayerFns, fast_available
 from .engine_layers import LayerFns, compile_available, pack_model
 from .generation import GenerationResult, token_budgets
 from .sampling import Sampler, SamplingConfig
-from .streaming import TextStream, check_stop_strings
+from .streaming import TextStream, accept_token, check_stop_strings
 
 __all__ = ["StaticDecoder", "DecodeEngine", "engine_generate", "batch_buckets"]
 
@@ -60,7 +65,8 @@ def batch_buckets(pool_size: int) -> list[int]:
 class StaticDecoder:
     """Pools and the in-place decode step of one HybridLM (see the module docstring)."""
 
-    def __init__(self, model, pool_size: int, capacity: int, attention: str = "auto", fuse: bool = False):
+    def __init__(self, model, pool_size: int, capacity: int, attention: str = "auto", fuse: bool = False,
+                 kernels: Optional[bool] = None):
         if capacity < 1:
             raise ValueError(f"capacity: expected >= 1 cached positions, got {capacity}")
         self.model = model
@@ -89,8 +95,12 @@ class StaticDecoder:
             why = compile_available(self.device)
             if why is not None:
                 raise UsageError(f"the fused decode step: {why}")
-        self.packs = pack_model(model) if fuse else {}
-        self.fns = LayerFns(fuse)
+        why_not_fast = fast_available(self.device)
+        if kernels and why_not_fast is not None:
+            raise UsageError(f"the engine's Triton glue kernels: {why_not_fast}")
+        fast = not fuse and why_not_fast is None and kernels is not False
+        self.packs = pack_model(model) if fuse or fast else {}
+        self.fns = FastLayerFns() if fast else LayerFns(fuse)
         self.graphs: dict[int, tuple] = {}
         self._graph_pool = None
 
@@ -98,10 +108,12 @@ class StaticDecoder:
     def _gdn(self, layer, h: Tensor, pools, slots: Tensor, gdn_slots: Tensor) -> Tensor:
         conv_pool, rec_pool = pools
         q, k, v, g, beta, A_log, dt_bias, z, conv_new = self.fns.gdn_in(layer, h, conv_pool, slots, self.packs)
-        conv_pool.index_copy_(0, slots, conv_new)
-        o = torch.ops.gdn.decode_pool_(q, k, v, g, beta, rec_pool, gdn_slots, A_log, dt_bias,
-                                       gate_mode=1 if A_log is not None else 0, use_qk_l2norm=1, scale=0.0,
-                                       l2norm_eps=L2NORM_EPS)
+        if conv_new is not None:                                       # else written in place by gdn_in
+            conv_pool.index_copy_(0, slots, conv_new)
+        with trusted_values():                   # the engine's own slots and tensors: no device syncs
+            o = torch.ops.gdn.decode_pool_(q, k, v, g, beta, rec_pool, gdn_slots, A_log, dt_bias,
+                                           gate_mode=1 if A_log is not None else 0, use_qk_l2norm=1, scale=0.0,
+                                           l2norm_eps=L2NORM_EPS)
         return self.fns.gdn_out(layer, h, o, z, self.packs)
 
     def _attn(self, layer, h: Tensor, pools, slots: Tensor, pos: Tensor, inv_freq: Optional[Tensor]) -> Tensor:
@@ -197,11 +209,11 @@ class DecodeEngine:
     """Continuous batching over a :class:`StaticDecoder`: slots are handed out from a free list."""
 
     def __init__(self, model, pool_size: int, capacity: int, graphs: Optional[bool] = None, attention: str = "auto",
-                 fuse: bool = False):
+                 fuse: bool = False, kernels: Optional[bool] = None):
         self.model = model
         if graphs is None:
             graphs = model.embed_tokens.weight.device.type == "cuda"
-        self.decoder = StaticDecoder(model, pool_size, capacity, attention, fuse=fuse)
+        self.decoder = StaticDecoder(model, pool_size, capacity, attention, fuse=fuse, kernels=kernels)
         self.free = list(range(pool_size - 1, -1, -1))                 # pop() hands out 0, 1, 2, ...
         self.lengths: dict[int, int] = {}                              # slot -> tokens cached (host mirror)
         self._slots_key, self._slots_dev = None, None                  # the last batch's slots, on the device
@@ -288,16 +300,11 @@ def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
     def take(rows: list[int], logits: Tensor) -> None:
         ids = sampler(logits, rows)
         for r, (i, t) in enumerate(zip(rows, ids.tolist())):
-            tokens[i].append(t)
-            if t in eos:
-                reasons[i] = "eos"
-            elif streams is not None and _push_text(streams[i], t, i, on_text):
-                reasons[i] = "stop"
-            elif len(tokens[i]) < budgets[i]:
+            why = accept_token(i, t, tokens, budgets[i], eos, streams, on_text)
+            if why is None:
                 next_ids[i] = ids[r:r + 1]
                 continue
-            if streams is not None:          # the sequence ends here: emit its held-back text
-                _flush_text(streams[i], i, on_text)
+            reasons[i] = why
             engine.release([slot_of[i]])
             live.remove(i)
 
@@ -334,17 +341,3 @@ def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _push_text(stream: TextStream, token: int, i: int, on_text) -> bool:
-    """Push a token into prompt i's text stream; True when a stop string ended it."""
-    piece = stream.push(token)
-    if piece and on_text is not None:
-        on_text(i, piece)
-    return stream.stopped
-
-
-def _flush_text(stream: TextStream, i: int, on_text) -> None:
-    piece = stream.finish()
-    if piece and on_text is not None:
-        on_text(i, piece)

@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..lm.model import padded_view, scatter_packed
 from .folder import ExportFolder
 from .sampling import Sampler, SamplingConfig
-from .streaming import TextStream, check_stop_strings
+from .streaming import TextStream, accept_token, check_stop_strings
 
 __all__ = ["GenerationResult", "generate", "check_prompts", "pack_prompts", "prefill", "empty_state_feed"]
 
@@ -178,16 +178,11 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
         keep = []
         for row, t in enumerate(nxt.tolist()):
             i = alive[row]
-            tokens[i].append(t)
-            if t in eos:
-                finished[i], reasons[i] = True, "eos"
-            elif streams is not None and _stream(streams[i], t, i, on_text):
-                finished[i], reasons[i] = True, "stop"
-            elif len(tokens[i]) < budgets[i]:
+            why = accept_token(i, t, tokens, budgets[i], eos, streams, on_text)
+            if why is None:
                 keep.append(row)
-                continue
-            if streams is not None:               # the sequence ends here: emit its held-back text
-                _flush(streams[i], i, on_text)
+            else:
+                finished[i], reasons[i] = why != "length", why
         if not keep:
             break
         if len(keep) < len(alive):                # finished sequences leave the batch
@@ -209,17 +204,3 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
         positions = positions + 1
     return GenerationResult(tokens, prefill_logits, t_prefill, t_decode, steps, produced, finished, reasons,
                             None if streams is None else [s.text for s in streams], sampler.seed)
-
-
-def _stream(stream: TextStream, token: int, i: int, on_text) -> bool:
-    """Push a token into prompt i's text stream; True when a stop string ended it."""
-    piece = stream.push(token)
-    if piece and on_text is not None:
-        on_text(i, piece)
-    return stream.stopped
-
-
-def _flush(stream: TextStream, i: int, on_text) -> None:
-    piece = stream.finish()
-    if piece and on_text is not None:
-        on_text(i, piece)

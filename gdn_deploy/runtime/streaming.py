@@ -14,11 +14,11 @@ emits what was held back when a sequence ends otherwise. The concatenation of ev
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..errors import UsageError
 
-__all__ = ["TextStream", "check_stop_strings"]
+__all__ = ["TextStream", "check_stop_strings", "accept_token"]
 
 
 def check_stop_strings(stop_strings: Sequence[str]) -> list[str]:
@@ -71,3 +71,31 @@ class TextStream:
         piece = full[len(self.text):end]
         self.text += piece
         return piece
+
+
+def accept_token(i: int, token: int, tokens: list[list[int]], budget: int, eos: set,
+                 streams: Optional[Sequence[TextStream]], on_text: Optional[Callable[[int, str], None]]) -> Optional[str]:
+    """Prompt i's new token, for the generation loops: appended to ``tokens[i]`` and pushed into its text stream
+    (streamed pieces go to ``on_text(i, piece)``) -> None while the sequence goes on, else why it ends ("eos",
+    "stop": a stop string, "length": ``budget`` tokens), with its held-back text emitted."""
+    tokens[i].append(token)
+    if token in eos:
+        why = "eos"
+    elif streams is not None and _push(streams[i], token, i, on_text):
+        why = "stop"
+    elif len(tokens[i]) < budget:
+        return None
+    else:
+        why = "length"
+    if streams is not None:
+        piece = streams[i].finish()
+        if piece and on_text is not None:
+            on_text(i, piece)
+    return why
+
+
+def _push(stream: TextStream, token: int, i: int, on_text) -> bool:
+    piece = stream.push(token)
+    if piece and on_text is not None:
+        on_text(i, piece)
+    return stream.stopped

@@ -2,8 +2,10 @@
 torch path (float64-checked on CPU in tests/runtime/test_engine.py), the captured step against the eager step for
 every family over batch buckets and reused slots, and greedy tokens against HF and the model's own eager path.
 
-The captured step runs the same kernels as the eager one, but a batch padded to its bucket may make cuBLAS pick
-another GEMM algorithm, so graphed and eager logits are compared within 1e-5 norm-relative (fp32), not bitwise.
+The reference eager step runs without the Triton glue kernels (gdn_deploy.lm.triton_ops off: the eager torch
+ops) and without packed projections; the graphed step with them (the default) or fused by torch.compile. A batch
+padded to its bucket may also make cuBLAS pick another GEMM algorithm, so graphed and eager logits are compared
+within 1e-5 norm-relative (fp32), not bitwise.
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from conftest import rel_err
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[test])")
 import hf_tiny_models as tiny  # noqa: E402
 
+from gdn_deploy.lm import triton_ops  # noqa: E402
 from gdn_deploy.lm.generate import greedy_generate  # noqa: E402
 from gdn_deploy.lm.hf_folder import load_hf_causal_lm  # noqa: E402
 from gdn_deploy.runtime.cuda_engine import DecodeEngine, engine_generate  # noqa: E402
 from gdn_deploy.runtime.decode_attention import decode_attention, triton_available  # noqa: E402
+from gdn_deploy.runtime.engine_fast import FastLayerFns  # noqa: E402
 
 FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid"]
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton not importable")
@@ -53,15 +57,43 @@ def _models(family, gen, tmp_path):
     return hf, load_hf_causal_lm(tmp_path).to("cuda")
 
 
+class _TorchGlue:
+    """The eager torch ops instead of the Triton glue kernels inside the block."""
+
+    def __enter__(self):
+        triton_ops.ENABLED = False
+
+    def __exit__(self, *exc):
+        triton_ops.ENABLED = True
+
+
+class _Eager:
+    """A DecodeEngine run with the Triton glue off at every call (the reference)."""
+
+    def __init__(self, *a, **kw):
+        with _TorchGlue():
+            self.engine = DecodeEngine(*a, **kw)
+
+    def __getattr__(self, name):
+        fn = getattr(self.engine, name)
+
+        def call(*a, **kw):
+            with _TorchGlue():
+                return fn(*a, **kw)
+        return call
+
+
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_graphed_step_equals_eager(kernels, gen, family, fuse, tmp_path):
-    """The graphed step (plain, or fused by torch.compile with packed projection weights) against the eager
-    unfused step."""
+    """The graphed step (default: the Triton glue kernels and packed projections; or fused by torch.compile)
+    against the eager step on torch ops alone."""
     _, model = _models(family, gen, tmp_path)
     V = model.hybrid_config.vocab_size
     graphed = DecodeEngine(model, pool_size=8, capacity=160, graphs=True, fuse=fuse)
-    eager = DecodeEngine(model, pool_size=8, capacity=160, graphs=False)
+    assert isinstance(graphed.decoder.fns, FastLayerFns) != fuse
+    eager = _Eager(model, pool_size=8, capacity=160, graphs=False)
+    assert not isinstance(eager.engine.decoder.fns, FastLayerFns)
     assert sorted(graphed.decoder.graphs) == [1, 2, 4, 8]
     prompts = [torch.randint(0, V, (L,), generator=gen).tolist() for L in (1, 40, 130, 5, 64)]
     for eng in (graphed, eager):
@@ -81,7 +113,7 @@ def test_graphed_step_equals_eager(kernels, gen, family, fuse, tmp_path):
             a = graphed.step(batch, ids).clone()
             b = eager.step(batch, ids)
             assert rel_err(a, b) < 1e-5, (family, batch)
-    for (ga, gb), (ea, eb) in zip(graphed.decoder.pools, eager.decoder.pools):
+    for (ga, gb), (ea, eb) in zip(graphed.decoder.pools, eager.engine.decoder.pools):
         assert rel_err(ga[:8].float(), ea[:8].float()) < 1e-5 and rel_err(gb[:8].float(), eb[:8].float()) < 1e-5
 
 

@@ -112,6 +112,8 @@ def test_slots_reused_and_bookkeeping(gen, tmp_path):
         eng.step(c, torch.tensor([1]))
     with pytest.raises(UsageError, match="fill the engine's capacity 8"):
         eng.step(c, torch.tensor([1]))
+    with pytest.raises(UsageError, match="Triton glue kernels: .* for CUDA devices"):
+        DecodeEngine(model, pool_size=2, capacity=8, graphs=False, kernels=True)
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
