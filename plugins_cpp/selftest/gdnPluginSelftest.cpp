@@ -182,22 +182,37 @@ int main()
     // ------------------------------------------------------------ creators
     int32_t nb = 0;
     IPluginCreatorInterface* const* list = getCreators(nb);
-    CHECK(nb == 2 && list != nullptr);
-    if (nb != 2 || list == nullptr)
+    CHECK(nb == 4 && list != nullptr);
+    if (nb != 4 || list == nullptr)
     {
         return 1;
     }
     IPluginCreatorV3One* pc = nullptr;
     IPluginCreatorV3One* dc = nullptr;
+    IPluginCreatorV3One* vc = nullptr;
+    IPluginCreatorV3One* cc = nullptr;
     for (int32_t i = 0; i < nb; ++i)
     {
         CHECK(std::strcmp(list[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0);
         auto* c = static_cast<IPluginCreatorV3One*>(list[i]);
         CHECK(std::strcmp(c->getPluginNamespace(), gdn::spec::kPluginNamespace) == 0);
         CHECK(std::strcmp(c->getPluginVersion(), gdn::spec::kPluginVersion) == 0);
-        (std::strcmp(c->getPluginName(), gdn::spec::kGatedDeltaPrefillName) == 0 ? pc : dc) = c;
+        std::string const name = c->getPluginName();
+        (name == gdn::spec::kGatedDeltaPrefillName        ? pc
+                : name == gdn::spec::kGatedDeltaDecodeName ? dc
+                : name == gdn::spec::kGatedDeltaVerifyName ? vc
+                                                           : cc)
+            = c;
     }
-    CHECK(pc != nullptr && dc != nullptr && std::strcmp(dc->getPluginName(), gdn::spec::kGatedDeltaDecodeName) == 0);
+    CHECK(pc != nullptr && dc != nullptr && vc != nullptr && cc != nullptr
+        && std::strcmp(cc->getPluginName(), gdn::spec::kGatedDeltaCommitName) == 0);
+    if (pc == nullptr || dc == nullptr || vc == nullptr || cc == nullptr)
+    {
+        return 1;
+    }
+    // verify: the decode fields (state_mode included); commit: state_mode only
+    CHECK(vc->getFieldNames()->nbFields == 5 && findField(vc->getFieldNames(), "state_mode") != nullptr);
+    CHECK(cc->getFieldNames()->nbFields == 1 && findField(cc->getFieldNames(), "state_mode") != nullptr);
     CHECK(std::strcmp(gdn::spec::kPluginNamespace, "gdn") == 0 && std::strcmp(gdn::spec::kPluginVersion, "1") == 0);
 
     PluginFieldCollection const* pn = pc->getFieldNames();
