@@ -1,11 +1,12 @@
 """The plugin objects compute the right thing on a GPU, driven through TensorRT's call sequence without TensorRT.
 
 ``gdn_plugin_lifecycle`` (plugins_cpp/lifecycle, built by ``scripts/build_kernels.sh --all`` with TensorRT
-headers) creates each plugin from parser-shaped fields, walks the build-time calls, enqueues the engine's clone,
+headers) creates each plugin (prefill, decode, verify, commit) from parser-shaped fields, walks the build-time calls, enqueues the engine's clone,
 re-creates the plugin from its serialized fields, attaches it to a context and enqueues it again directly and
 inside a CUDA graph, on a non-default stream with NaN-poisoned outputs. Here every output of every phase is
-compared with the float64 reference of lifecycle_cases.py (kernel tolerances of the spec). The host part of the
-same harness runs on CPU machines in test_plugin_cmake.py.
+compared with the float64 reference of lifecycle_cases.py (kernel tolerances of the spec), and with a pool a
+skipped sequence's per-token outputs must be 0 and rows nobody owns keep their bits. The host part of the same
+harness runs on CPU machines in test_plugin_cmake.py.
 
 Needs a CUDA GPU and a full build (``$GDN_BUILD_DIR`` or ``build/``); skipped with the reason otherwise, an error
 under ``GDN_REQUIRE_KERNELS=1`` (scripts/device_gpu_check.sh), so a broken build never passes as skipped.
