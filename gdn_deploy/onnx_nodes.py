@@ -34,8 +34,8 @@ TENSORRT_ONNX_SUFFIX = ".trt.onnx"
 
 def iter_gdn_nodes(graph: onnx.GraphProto, ops=None) -> Iterator[onnx.NodeProto]:
     """Every gdn node of ``graph``, subgraphs (Loop/If/Scan bodies) included. ``ops``: the op names to match
-    (default: the plugin ops ``SPEC.ops``; ``SPEC.all_ops`` adds the speculative verify/commit ops)."""
-    ops = SPEC.ops if ops is None else ops
+    (default: every op with a TensorRT plugin, ``SPEC.plugin_ops``: prefill, decode, verify, commit)."""
+    ops = SPEC.plugin_ops if ops is None else ops
     for node in graph.node:
         if node.domain == SPEC.domain and node.op_type in ops:
             yield node
@@ -56,9 +56,9 @@ def all_gdn_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """gdn nodes of the graph, its subgraphs and of model-local functions other than the gdn bodies."""
     nodes = list(iter_gdn_nodes(model.graph))
     for f in model.functions:
-        if not (f.domain == SPEC.domain and f.name in SPEC.ops):
+        if not (f.domain == SPEC.domain and f.name in SPEC.plugin_ops):
             for node in f.node:
-                if node.domain == SPEC.domain and node.op_type in SPEC.ops:
+                if node.domain == SPEC.domain and node.op_type in SPEC.plugin_ops:
                     nodes.append(node)
     return nodes
 
@@ -101,7 +101,7 @@ def prepare_onnx_for_tensorrt(model: onnx.ModelProto) -> dict[str, int]:
     for node in all_gdn_nodes(model):
         if node.HasField("overload"):
             node.ClearField("overload")
-    keep = [f for f in model.functions if not (f.domain == SPEC.domain and f.name in SPEC.ops)]
+    keep = [f for f in model.functions if not (f.domain == SPEC.domain and f.name in SPEC.plugin_ops)]
     stats["functions_removed"] = len(model.functions) - len(keep)
     if stats["functions_removed"]:
         del model.functions[:]
@@ -116,7 +116,7 @@ def tensorrt_ready_problems(model: onnx.ModelProto) -> list[str]:
     ``plugin_namespace`` / ``plugin_version`` as STRING attributes with the spec's values and no ``overload``.
     """
     problems = [f"model-local function {f.domain}::{f.name} (the onnxruntime body) is present"
-                for f in model.functions if f.domain == SPEC.domain and f.name in SPEC.ops]
+                for f in model.functions if f.domain == SPEC.domain and f.name in SPEC.plugin_ops]
     want = {PLUGIN_NAMESPACE_ATTR: SPEC.plugin_namespace, PLUGIN_VERSION_ATTR: SPEC.plugin_version}
     for node in all_gdn_nodes(model):
         have = {a.name: a for a in node.attribute}

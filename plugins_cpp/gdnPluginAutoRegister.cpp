@@ -42,7 +42,7 @@ struct CreatorInfo
 
 CreatorInfo infoOf(IPluginCreatorInterface* creator)
 {
-    // Both gdn creators are IPluginCreatorV3One (getCreators in gdnPluginRegistration.cpp).
+    // Every gdn creator is an IPluginCreatorV3One (getCreators in gdnPluginRegistration.cpp).
     auto* c = static_cast<IPluginCreatorV3One*>(creator);
     return {c->getPluginName(), c->getPluginVersion(), c->getPluginNamespace()};
 }

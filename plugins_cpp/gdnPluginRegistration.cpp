@@ -4,8 +4,10 @@
 // library TensorRT's logger. This library registers nothing by itself when loaded (loadLibrary registers what
 // getCreators returns and fails if a creator is already registered); for loaders that only dlopen a library
 // (trtexec --staticPlugins, polygraphy --plugins) use libgdn_trt_plugins_autoreg.so (gdnPluginAutoRegister.cpp).
+#include "gdnCommitPlugin/gdnCommitPlugin.h"
 #include "gdnDecodePlugin/gdnDecodePlugin.h"
 #include "gdnPrefillPlugin/gdnPrefillPlugin.h"
+#include "gdnVerifyPlugin/gdnVerifyPlugin.h"
 #include "gdnTensorRtProcess.h"
 
 using namespace nvinfer1;
@@ -17,7 +19,10 @@ extern "C" GDN_PLUGIN_EXPORT IPluginCreatorInterface* const* getCreators(int32_t
 {
     static gdn::plugin::GdnPrefillPluginCreator sPrefillCreator;
     static gdn::plugin::GdnDecodePluginCreator sDecodeCreator;
-    static IPluginCreatorInterface* const kCreators[] = {&sPrefillCreator, &sDecodeCreator};
+    static gdn::plugin::GdnVerifyPluginCreator sVerifyCreator;
+    static gdn::plugin::GdnCommitPluginCreator sCommitCreator;
+    static IPluginCreatorInterface* const kCreators[]
+        = {&sPrefillCreator, &sDecodeCreator, &sVerifyCreator, &sCommitCreator};
     try
     {
         std::string const mismatch = gdn::plugin::tensorRtMismatch();

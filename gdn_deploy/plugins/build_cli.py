@@ -157,7 +157,7 @@ def _trt_version(trt) -> tuple[int, ...]:
 
 
 def load_plugins(trt, lib: Path, say: Callable[[str], None]) -> None:
-    """Register both gdn creators in TensorRT's registry (once per process: a second call loads nothing)."""
+    """Register every gdn creator (prefill, decode, verify, commit) in TensorRT's registry (once per process: a second call loads nothing)."""
     try:
         say(load_gdn_plugins(trt, lib))
     except PluginLoadError as e:

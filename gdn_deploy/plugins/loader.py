@@ -2,7 +2,7 @@
 
 ``IPluginRegistry.load_library`` fails (returns None) when any creator of the library is already registered, so
 a second ``gdn-build`` / ``gdn-check`` in one process, or a library that Polygraphy's ``--plugins`` already loaded,
-would fail. :func:`load_gdn_plugins` first asks the registry for both creators and only loads the library when
+would fail. :func:`load_gdn_plugins` first asks the registry for every gdn creator and only loads the library when
 they are missing; it also refuses a library compiled for another TensorRT major version (whose interfaces differ)
 with one clear message instead of handing it to TensorRT.
 """
@@ -30,7 +30,7 @@ def _get_creator(registry):
 def registered_gdn_creators(trt) -> dict[str, bool]:
     """For each gdn op: whether its creator (namespace/version of the spec) is in TensorRT's registry."""
     get = _get_creator(trt.get_plugin_registry())
-    return {op: get(op, SPEC.plugin_version, SPEC.plugin_namespace) is not None for op in SPEC.ops}
+    return {op: get(op, SPEC.plugin_version, SPEC.plugin_namespace) is not None for op in SPEC.plugin_ops}
 
 
 def library_tensorrt_version(lib: str | Path) -> int | None:
@@ -50,16 +50,16 @@ def _major(trt) -> int:
 
 
 def load_gdn_plugins(trt, lib: str | Path) -> str:
-    """Make both gdn creators available in this process; returns what was done (one line).
+    """Make every gdn creator (``SPEC.plugin_ops``) available in this process; returns what was done (one line).
 
     ``lib`` is ``libgdn_trt_plugins.so`` (loaded with ``load_library``, the handle kept) or
-    ``libgdn_trt_plugins_autoreg.so`` (self-registering when loaded). Nothing is loaded when both creators are
+    ``libgdn_trt_plugins_autoreg.so`` (self-registering when loaded). Nothing is loaded when all creators are
     already registered. Raises :class:`PluginLoadError`.
     """
     lib = Path(lib)
     have = registered_gdn_creators(trt)
     if all(have.values()):
-        return f"gdn plugins already registered in this process ({', '.join(SPEC.ops)})"
+        return f"gdn plugins already registered in this process ({', '.join(SPEC.plugin_ops)})"
     if any(have.values()):
         missing = [op for op, ok in have.items() if not ok]
         raise PluginLoadError(f"only some gdn plugin creators are registered in this process ({', '.join(missing)} "
@@ -94,4 +94,4 @@ def load_gdn_plugins(trt, lib: str | Path) -> str:
         raise PluginLoadError(f"{lib}: loaded, but no plugin creator {', '.join(missing)} (namespace "
                               f"{SPEC.plugin_namespace!r}, version {SPEC.plugin_version!r}); is it the gdn plugin "
                               "library, built for this TensorRT? (see the log above)")
-    return f"plugins: {how} ({', '.join(SPEC.ops)}, namespace {SPEC.plugin_namespace!r})"
+    return f"plugins: {how} ({', '.join(SPEC.plugin_ops)}, namespace {SPEC.plugin_namespace!r})"

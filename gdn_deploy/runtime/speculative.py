@@ -309,7 +309,7 @@ def speculative_from_folder(folder, backend, prompts, max_new_tokens: int, eos_t
     name = getattr(backend, "name", "")
     if name not in ("torch", "onnxruntime"):
         raise UsageError(f"--speculative runs on the torch and onnxruntime backends (got --backend {name}: its "
-                         "verify plugin does not exist yet)")
+                         "speculative generation loop does not exist yet)")
     if folder.kind != "hybrid":
         raise UsageError("--speculative needs a whole language-model export of a Hugging Face folder")
     K = int(draft_tokens)

@@ -83,11 +83,13 @@ class _Spec:
         self.attributes: dict[str, dict[str, Any]] = raw["attributes"]
         self.tolerances: dict[str, Any] = raw["tolerances"]
         self.errors: dict[str, str] = {v["id"]: v["error"] for v in raw["validation"]}
-        # ops: the TensorRT plugin ops; speculative_ops: verify/commit (no plugin yet); all_ops: both
+        # ops: prefill/decode; speculative_ops: verify/commit; all_ops: both. Every op has a TensorRT plugin
+        # (plugin_ops: the creators libgdn_trt_plugins.so returns, the nodes the *.trt.onnx copies hand to them).
         self.ops: dict[str, OpSpec] = {n: self._op(n, op) for n, op in raw["ops"].items()}
         self.speculative_ops: dict[str, OpSpec] = {n: self._op(n, op) for n, op in raw["speculative_ops"].items()
                                                    if not n.startswith("_")}
         self.all_ops: dict[str, OpSpec] = {**self.ops, **self.speculative_ops}
+        self.plugin_ops: dict[str, OpSpec] = self.all_ops
 
     def _op(self, name: str, op: dict[str, Any]) -> OpSpec:
         mk = lambda d: TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d.get("present_if"), d.get("doc", ""))

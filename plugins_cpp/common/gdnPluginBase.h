@@ -1,4 +1,4 @@
-// What the two gdn TensorRT plugins share, written once: GdnPluginBase<Derived, Params> implements the IPluginV3
+// What the gdn TensorRT plugins of the q/k/v ops (prefill, decode, verify) share, written once: GdnPluginBase<Derived, Params> implements the IPluginV3
 // boilerplate (capability interfaces, name/namespace/version, clone/attachToContext, field serialisation, output
 // dtypes, format combinations, configure/onShapeChange checks, enqueue) with every noexcept method catching and
 // reporting; GdnPluginCreator<Plugin> is the matching IPluginCreatorV3One. A plugin class only says what differs:
@@ -30,7 +30,7 @@ namespace plugin
 {
 
 constexpr int32_t kOutO = 0;     // output 0: o
-constexpr int32_t kOutState = 1; // output 1: final_state / new_state / updated pool (float32)
+constexpr int32_t kOutState = 1; // output 1: final_state / new_state / updated pool / commit_k (float32)
 
 template <typename Derived, typename Params>
 class GdnPluginBase : public nvinfer1::IPluginV3,
@@ -127,7 +127,10 @@ public:
                     + std::to_string(nbOutputs));
             }
             outputTypes[kOutO] = inputTypes[mLayout.q];
-            outputTypes[kOutState] = nvinfer1::DataType::kFLOAT;
+            for (int32_t i = kOutState; i < nbOutputs; ++i)
+            {
+                outputTypes[i] = nvinfer1::DataType::kFLOAT; // states and verify's commit factors
+            }
             return 0;
         }
         catch (std::exception const& e)

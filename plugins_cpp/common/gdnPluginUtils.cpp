@@ -234,12 +234,24 @@ void FieldList::setValues(GdnAttrs const& attrs, bool hasStateMode)
     build(true, hasStateMode);
 }
 
-void FieldList::build(bool withData, bool hasStateMode)
+void FieldList::setStateModeNames()
+{
+    build(false, true, true);
+}
+
+void FieldList::setStateModeValue(int32_t stateMode)
+{
+    mValues = GdnAttrs{};
+    mValues.stateMode = stateMode;
+    build(true, true, true);
+}
+
+void FieldList::build(bool withData, bool hasStateMode, bool stateModeOnly)
 {
     mFields.clear();
     for (auto const& k : kFields)
     {
-        if (k.decodeOnly && !hasStateMode)
+        if ((k.decodeOnly && !hasStateMode) || (stateModeOnly && !k.decodeOnly))
         {
             continue;
         }
@@ -337,6 +349,27 @@ void fillPlaceholders(GdnDecodeParams& p)
     p.ALog = p.dtBias = f;
 }
 
+void fillPlaceholders(GdnVerifyParams& p)
+{
+    void* const x = placeholderPointer();
+    auto* const f = static_cast<float*>(x);
+    p.q = p.k = p.v = p.g = p.beta = x;
+    p.o = x;
+    p.cuSeqlens = p.slots = static_cast<int32_t const*>(x);
+    p.state = f;
+    p.ALog = p.dtBias = f;
+    p.commitK = p.commitDelta = p.commitG = f;
+}
+
+void fillPlaceholders(GdnCommitParams& p)
+{
+    void* const x = placeholderPointer();
+    auto* const f = static_cast<float*>(x);
+    p.commitK = p.commitDelta = p.commitG = f;
+    p.cuSeqlens = p.accepted = p.slots = static_cast<int32_t const*>(x);
+    p.state = f;
+}
+
 // ---------------------------------------------------------------- descriptors and kernel checks
 std::vector<Dims> descDims(DynamicPluginTensorDesc const* desc, int32_t n)
 {
@@ -417,6 +450,24 @@ InputLayout decodeLayout(GdnAttrs const& a) noexcept
     return L;
 }
 
+InputLayout verifyLayout(GdnAttrs const& a) noexcept
+{
+    InputLayout L;
+    L.cuSeqlens = 5;
+    L.state = 6;
+    L.nbInputs = spec::kGatedDeltaVerifyNumFixedInputs;
+    if (a.stateMode == spec::kStatePool)
+    {
+        L.slots = L.nbInputs++;
+    }
+    if (a.gateMode == spec::kGateRaw)
+    {
+        L.aLog = L.nbInputs++;
+        L.dtBias = L.nbInputs++;
+    }
+    return L;
+}
+
 char const* prefillInputName(int32_t i) noexcept
 {
     static char const* const kNames[] = {spec::kGatedDeltaPrefillInput0, spec::kGatedDeltaPrefillInput1,
@@ -434,6 +485,24 @@ char const* decodeInputName(int32_t i) noexcept
         spec::kGatedDeltaDecodeInput5, spec::kGatedDeltaDecodeInput6, spec::kGatedDeltaDecodeInput7,
         spec::kGatedDeltaDecodeInput8};
     return (i >= 0 && i < 9) ? kNames[i] : "?";
+}
+
+char const* verifyInputName(int32_t i) noexcept
+{
+    // Positions 7.. depend on the attributes; callers pass the spec index of the named input.
+    static char const* const kNames[] = {spec::kGatedDeltaVerifyInput0, spec::kGatedDeltaVerifyInput1,
+        spec::kGatedDeltaVerifyInput2, spec::kGatedDeltaVerifyInput3, spec::kGatedDeltaVerifyInput4,
+        spec::kGatedDeltaVerifyInput5, spec::kGatedDeltaVerifyInput6, spec::kGatedDeltaVerifyInput7,
+        spec::kGatedDeltaVerifyInput8, spec::kGatedDeltaVerifyInput9};
+    return (i >= 0 && i < 10) ? kNames[i] : "?";
+}
+
+char const* commitInputName(int32_t i) noexcept
+{
+    static char const* const kNames[] = {spec::kGatedDeltaCommitInput0, spec::kGatedDeltaCommitInput1,
+        spec::kGatedDeltaCommitInput2, spec::kGatedDeltaCommitInput3, spec::kGatedDeltaCommitInput4,
+        spec::kGatedDeltaCommitInput5, spec::kGatedDeltaCommitInput6};
+    return (i >= 0 && i < 7) ? kNames[i] : "?";
 }
 
 // ---------------------------------------------------------------- shapes
@@ -459,7 +528,7 @@ void expectDim(char const* name, Dims const& d, int32_t i, char const* symbol, i
     }
 }
 
-void checkCommonShapes(Dims const* dims, InputLayout const& L, char const* (*nameOf)(int32_t))
+void checkCommonShapes(Dims const* dims, InputLayout const& L, char const* (*nameOf)(int32_t), int32_t aLogSpecIndex)
 {
     Dims const& q = dims[L.q];
     Dims const& k = dims[L.k];
@@ -485,13 +554,15 @@ void checkCommonShapes(Dims const* dims, InputLayout const& L, char const* (*nam
         expectDim(nameOf(idx), dims[idx], 0, "X", q.d[0], "q");
         expectDim(nameOf(idx), dims[idx], 1, "Hv", Hv, "v");
     }
-    // A_log / dt_bias are always the last two spec inputs (indices 7 and 8 in the spec header).
+    // A_log / dt_bias are always the last two spec inputs (spec indices aLogSpecIndex and aLogSpecIndex + 1).
     if (L.aLog >= 0)
     {
-        expectRank(nameOf(7), dims[L.aLog], 1, "[Hv]");
-        expectDim(nameOf(7), dims[L.aLog], 0, "Hv", Hv, "v");
-        expectRank(nameOf(8), dims[L.dtBias], 1, "[Hv]");
-        expectDim(nameOf(8), dims[L.dtBias], 0, "Hv", Hv, "v");
+        char const* aLog = nameOf(aLogSpecIndex);
+        char const* dtBias = nameOf(aLogSpecIndex + 1);
+        expectRank(aLog, dims[L.aLog], 1, "[Hv]");
+        expectDim(aLog, dims[L.aLog], 0, "Hv", Hv, "v");
+        expectRank(dtBias, dims[L.dtBias], 1, "[Hv]");
+        expectDim(dtBias, dims[L.dtBias], 0, "Hv", Hv, "v");
     }
 }
 

@@ -54,7 +54,7 @@ struct GdnAttrs
     int32_t useQkL2norm = spec::kUseQkL2normDefault;
     float scale = spec::kScaleDefault;
     float l2normEps = spec::kL2normEpsDefault;
-    int32_t stateMode = spec::kStateModeDefault; // GatedDeltaDecode only
+    int32_t stateMode = spec::kStateModeDefault; // GatedDeltaDecode, GatedDeltaVerify, GatedDeltaCommit
 };
 
 //! Parse a field collection over the spec defaults (absent fields keep them). Unknown names are ignored with a
@@ -70,13 +70,16 @@ class FieldList
 public:
     void setNames(bool hasStateMode);
     void setValues(GdnAttrs const& attrs, bool hasStateMode);
+    //! GatedDeltaCommit: the state_mode field only.
+    void setStateModeNames();
+    void setStateModeValue(int32_t stateMode);
     nvinfer1::PluginFieldCollection const* collection() noexcept
     {
         return &mCollection;
     }
 
 private:
-    void build(bool withData, bool hasStateMode);
+    void build(bool withData, bool hasStateMode, bool stateModeOnly = false);
     GdnAttrs mValues{};
     std::vector<nvinfer1::PluginField> mFields;
     nvinfer1::PluginFieldCollection mCollection{};
@@ -93,6 +96,8 @@ std::string dimsString(nvinfer1::Dims const& d);
 void* placeholderPointer() noexcept;
 void fillPlaceholders(GdnPrefillParams& p);
 void fillPlaceholders(GdnDecodeParams& p);
+void fillPlaceholders(GdnVerifyParams& p);
+void fillPlaceholders(GdnCommitParams& p);
 
 // ---------------------------------------------------------------- input positions
 //! Positions of the inputs of one op instance (-1 = absent); order as in the spec.
@@ -100,25 +105,30 @@ struct InputLayout
 {
     int32_t q = 0, k = 1, v = 2, g = 3, beta = 4;
     int32_t state = -1;      // prefill: initial_state; decode: state
-    int32_t cuSeqlens = -1;  // prefill only
-    int32_t slots = -1;      // decode, state_mode 1
+    int32_t cuSeqlens = -1;  // prefill, verify
+    int32_t slots = -1;      // decode / verify, state_mode 1
     int32_t aLog = -1, dtBias = -1; // gate_mode 1
     int32_t nbInputs = 0;
 };
 InputLayout prefillLayout(GdnAttrs const& attrs) noexcept;
 InputLayout decodeLayout(GdnAttrs const& attrs) noexcept;
+InputLayout verifyLayout(GdnAttrs const& attrs) noexcept;
 //! Name of input `index` of the op (from the spec header), for messages.
 char const* prefillInputName(int32_t index) noexcept;
 char const* decodeInputName(int32_t index) noexcept;
+char const* verifyInputName(int32_t index) noexcept;
+char const* commitInputName(int32_t index) noexcept;
 
 // ---------------------------------------------------------------- shape checks (dims < 0 are unknown: skipped)
 void expectRank(char const* name, nvinfer1::Dims const& d, int32_t rank, char const* shape);
 void expectDim(char const* name, nvinfer1::Dims const& d, int32_t i, char const* symbol, int64_t want,
     char const* source);
 
-//! Checks the shapes shared by both ops: q,k [X,Hk,K], v [X,Hv,V], g,beta [X,Hv], Hv % Hk == 0,
-//! and A_log/dt_bias [Hv] when present. `nameOf` gives the spec name of an input position.
-void checkCommonShapes(nvinfer1::Dims const* dims, InputLayout const& L, char const* (*nameOf)(int32_t));
+//! Checks the shapes shared by the q/k/v ops: q,k [X,Hk,K], v [X,Hv,V], g,beta [X,Hv], Hv % Hk == 0,
+//! and A_log/dt_bias [Hv] when present. `nameOf` gives the spec name of an input position; `aLogSpecIndex` is
+//! the spec index of A_log (dt_bias follows it): 7 for prefill and decode, 8 for verify.
+void checkCommonShapes(nvinfer1::Dims const* dims, InputLayout const& L, char const* (*nameOf)(int32_t),
+    int32_t aLogSpecIndex = 7);
 
 // ---------------------------------------------------------------- descriptor helpers
 //! desc[i].desc.dims / desc[i].dims / desc[i].max for i < n.
@@ -134,6 +144,14 @@ inline char const* kernelSupports(GdnPrefillParams const& p)
 inline char const* kernelSupports(GdnDecodeParams const& p)
 {
     return gdnDecodeSupports(p);
+}
+inline char const* kernelSupports(GdnVerifyParams const& p)
+{
+    return gdnVerifySupports(p);
+}
+inline char const* kernelSupports(GdnCommitParams const& p)
+{
+    return gdnCommitSupports(p);
 }
 //! Throws "unsupported by the kernels: <why>" unless `why` (from gdn*Supports) is null or empty.
 void requireSupported(char const* why);

@@ -2,7 +2,7 @@
 //
 //   op GatedDeltaPrefill                 plugin name (= ONNX op type)
 //   field gate_mode int 1                node attributes as the ONNX parser passes them (absent: the default)
-//   alias 1                              decode pool: output 1 aliases input 'state' (0: a separate buffer)
+//   alias 1                              pool (decode, commit): output 'new_state' aliases input 'state' (0: copied)
 //   dim T 104 1 256                      a dynamic dimension: value, profile min, profile max
 //   input q bfloat16 T,2,64 q.bin        inputs in op order: name, dtype, shape (ints, symbols, symbol+int), data
 //   output o bfloat16 T,4,64 o.f64       outputs: name, dtype, shape, float64 reference values

@@ -174,6 +174,20 @@ bool isPool(LifecycleCase const& c)
     return false;
 }
 
+//! The output that is the updated pool in state_mode 1 (decode, commit: 'new_state'; TensorRT aliases it to input
+//! 'state' with the aliased-I/O preview feature); -1 for ops that leave the state alone or write a new one.
+int32_t poolOutput(LifecycleCase const& c)
+{
+    for (size_t o = 0; isPool(c) && o < c.outputs.size(); ++o)
+    {
+        if (c.outputs[o].name == "new_state")
+        {
+            return static_cast<int32_t>(o);
+        }
+    }
+    return -1;
+}
+
 // ---------------------------------------------------------------- build-time calls
 void checkShapes(LifecycleCase const& c, IPluginV3* plugin)
 {
@@ -222,7 +236,8 @@ void checkFormats(LifecycleCase const& c, IPluginV3* plugin, Descs const& d)
     int32_t const nbIn = static_cast<int32_t>(c.inputs.size());
     int32_t const nbOut = static_cast<int32_t>(c.outputs.size());
     std::vector<DynamicPluginTensorDesc> io = d.dynamic;
-    std::set<int32_t> const free = {inputIndex(c, "q"), inputIndex(c, "g")}; // any I/O dtype; the rest follow them
+    // q and g take any I/O dtype, the rest follow them (ops without q/g, like commit: every dtype is fixed)
+    std::set<int32_t> const free = {inputIndex(c, "q"), inputIndex(c, "g")};
     std::set<DataType> const ioTypes = {DataType::kFLOAT, DataType::kHALF, DataType::kBF16};
     for (int32_t pos = 0; pos < nbIn + nbOut; ++pos)
     {
@@ -253,6 +268,10 @@ void checkFormats(LifecycleCase const& c, IPluginV3* plugin, Descs const& d)
     }
     // beta with another dtype than g, once g is chosen, is refused
     int32_t const beta = inputIndex(c, "beta");
+    if (beta < 0 || inputIndex(c, "g") < 0)
+    {
+        return;
+    }
     DataType const g = d.dynamic[static_cast<size_t>(inputIndex(c, "g"))].desc.type;
     io[static_cast<size_t>(beta)].desc.type = g == DataType::kFLOAT ? DataType::kBF16 : DataType::kFLOAT;
     CHECK(!buildOf(plugin)->supportsFormatCombination(beta, io.data(), nbIn, nbOut));
@@ -307,8 +326,8 @@ public:
             auto const& t = c.outputs[o];
             size_t const bytes = static_cast<size_t>(gdn::lifecycle::volume(c.dimsOf(t, Level::kValue)))
                 * gdn::lifecycle::elementSize(t.type);
-            bool const aliased = c.aliasState && o == 1 && state >= 0;
-            // TensorRT with the aliased-I/O preview feature binds output 1 to input 'state' (getAliasedInput)
+            bool const aliased = c.aliasState && static_cast<int32_t>(o) == poolOutput(c) && state >= 0;
+            // TensorRT with the aliased-I/O preview feature binds the pool output to input 'state' (getAliasedInput)
             mOut.push_back(aliased ? mIn[static_cast<size_t>(state)] : alloc(bytes));
             mOutAliased.push_back(aliased);
             mOutBytes.push_back(bytes);
@@ -489,8 +508,10 @@ void runCase(std::string const& dir, bool hostOnly)
 
 #if GDN_TRT_HAS_BUILD_V2
     auto* b2 = static_cast<IPluginV3OneBuildV2*>(buildOf(plugin.get()));
-    CHECK(b2->getAliasedInput(0) == -1);
-    CHECK(b2->getAliasedInput(1) == (isPool(c) ? inputIndex(c, "state") : -1));
+    for (int32_t o = 0; o < static_cast<int32_t>(c.outputs.size()); ++o)
+    {
+        CHECK(b2->getAliasedInput(o) == (o == poolOutput(c) ? inputIndex(c, "state") : -1));
+    }
 #endif
     CHECK(buildOf(plugin.get())
               ->configurePlugin(d.dynamic.data(), nbIn, d.dynamic.data() + nbIn, nbOut)

@@ -83,10 +83,14 @@ void* dlopenOnly(char const* path)
     return h;
 }
 
+//! The gdn plugin creators getCreators returns: prefill, decode, verify, commit.
+constexpr int kNbGdnCreators = 4;
+
 int gdnCreatorsRegistered(IPluginRegistry* registry)
 {
     int held = 0;
-    for (char const* name : {gdn::spec::kGatedDeltaPrefillName, gdn::spec::kGatedDeltaDecodeName})
+    for (char const* name : {gdn::spec::kGatedDeltaPrefillName, gdn::spec::kGatedDeltaDecodeName,
+             gdn::spec::kGatedDeltaVerifyName, gdn::spec::kGatedDeltaCommitName})
     {
         IPluginCreatorInterface* c
             = registry->getCreator(name, gdn::spec::kPluginVersion, gdn::spec::kPluginNamespace);
@@ -103,13 +107,13 @@ int gdnCreatorsRegistered(IPluginRegistry* registry)
     return held;
 }
 
-//! Both gdn creators registered, exactly two registerCreator calls accepted in all, nothing else registered.
+//! Every gdn creator registered, one registerCreator call accepted for each, nothing else registered.
 void expectRegisteredOnce(Fake const& fake, int expectedRegisterCalls)
 {
     int32_t n = 0;
     fake.registry->getAllCreators(&n);
-    CHECK(n == 2);
-    CHECK(gdnCreatorsRegistered(fake.registry) == 2);
+    CHECK(n == kNbGdnCreators);
+    CHECK(gdnCreatorsRegistered(fake.registry) == kNbGdnCreators);
     CHECK(fake.registerCalls() == expectedRegisterCalls);
 }
 
@@ -152,11 +156,11 @@ void staticTwice(Paths const& p, int fakeMode)
     }
     void* a = dlopenOnly(p.autoreg);
     CHECK(a != nullptr);
-    expectRegisteredOnce(fake, 2);
+    expectRegisteredOnce(fake, kNbGdnCreators);
     void* b = dlopenOnly(p.autoreg); // the same object: its constructor does not run again
     CHECK(b == a);
-    CHECK(callRegister(b) == 2);     // an explicit second registration finds both and registers nothing
-    expectRegisteredOnce(fake, 2);
+    CHECK(callRegister(b) == kNbGdnCreators); // an explicit second registration finds them all, registers nothing
+    expectRegisteredOnce(fake, kNbGdnCreators);
     expectWorkingCreator(fake);
 }
 
@@ -169,11 +173,11 @@ void loadLibraryTwice(Paths const& p)
         return;
     }
     CHECK(fake.registry->loadLibrary(p.plugins) != nullptr);
-    expectRegisteredOnce(fake, 2);
+    expectRegisteredOnce(fake, kNbGdnCreators);
     // TensorRT refuses a second load of a library whose creators are registered: the caller (gdn-build's loader)
     // must check getCreator first; the registry still holds each creator once.
     CHECK(fake.registry->loadLibrary(p.plugins) == nullptr);
-    expectRegisteredOnce(fake, 2);
+    expectRegisteredOnce(fake, kNbGdnCreators);
     expectWorkingCreator(fake);
 }
 
@@ -187,7 +191,7 @@ void staticThenLoadLibrary(Paths const& p)
     }
     CHECK(dlopenOnly(p.autoreg) != nullptr);
     CHECK(fake.registry->loadLibrary(p.plugins) == nullptr); // already registered: TensorRT refuses, nothing doubles
-    expectRegisteredOnce(fake, 2);
+    expectRegisteredOnce(fake, kNbGdnCreators);
     expectWorkingCreator(fake);
 }
 
@@ -202,8 +206,8 @@ void loadLibraryThenStatic(Paths const& p)
     CHECK(fake.registry->loadLibrary(p.plugins) != nullptr);
     void* a = dlopenOnly(p.autoreg); // finds both registered: registers nothing
     CHECK(a != nullptr);
-    CHECK(callRegister(a) == 2);
-    expectRegisteredOnce(fake, 2);
+    CHECK(callRegister(a) == kNbGdnCreators);
+    expectRegisteredOnce(fake, kNbGdnCreators);
     expectWorkingCreator(fake);
 }
 

@@ -182,22 +182,37 @@ int main()
     // ------------------------------------------------------------ creators
     int32_t nb = 0;
     IPluginCreatorInterface* const* list = getCreators(nb);
-    CHECK(nb == 2 && list != nullptr);
-    if (nb != 2 || list == nullptr)
+    CHECK(nb == 4 && list != nullptr);
+    if (nb != 4 || list == nullptr)
     {
         return 1;
     }
     IPluginCreatorV3One* pc = nullptr;
     IPluginCreatorV3One* dc = nullptr;
+    IPluginCreatorV3One* vc = nullptr;
+    IPluginCreatorV3One* cc = nullptr;
     for (int32_t i = 0; i < nb; ++i)
     {
         CHECK(std::strcmp(list[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0);
         auto* c = static_cast<IPluginCreatorV3One*>(list[i]);
         CHECK(std::strcmp(c->getPluginNamespace(), gdn::spec::kPluginNamespace) == 0);
         CHECK(std::strcmp(c->getPluginVersion(), gdn::spec::kPluginVersion) == 0);
-        (std::strcmp(c->getPluginName(), gdn::spec::kGatedDeltaPrefillName) == 0 ? pc : dc) = c;
+        std::string const name = c->getPluginName();
+        (name == gdn::spec::kGatedDeltaPrefillName        ? pc
+                : name == gdn::spec::kGatedDeltaDecodeName ? dc
+                : name == gdn::spec::kGatedDeltaVerifyName ? vc
+                                                           : cc)
+            = c;
     }
-    CHECK(pc != nullptr && dc != nullptr && std::strcmp(dc->getPluginName(), gdn::spec::kGatedDeltaDecodeName) == 0);
+    CHECK(pc != nullptr && dc != nullptr && vc != nullptr && cc != nullptr
+        && std::strcmp(cc->getPluginName(), gdn::spec::kGatedDeltaCommitName) == 0);
+    if (pc == nullptr || dc == nullptr || vc == nullptr || cc == nullptr)
+    {
+        return 1;
+    }
+    // verify: the decode fields (state_mode included); commit: state_mode only
+    CHECK(vc->getFieldNames()->nbFields == 5 && findField(vc->getFieldNames(), "state_mode") != nullptr);
+    CHECK(cc->getFieldNames()->nbFields == 1 && findField(cc->getFieldNames(), "state_mode") != nullptr);
     CHECK(std::strcmp(gdn::spec::kPluginNamespace, "gdn") == 0 && std::strcmp(gdn::spec::kPluginVersion, "1") == 0);
 
     PluginFieldCollection const* pn = pc->getFieldNames();
@@ -471,6 +486,90 @@ int main()
         int32_t const seven = 7;
         CHECK(make(dc, {{"state_mode", &seven, PluginFieldType::kINT32, 1}}) == nullptr);
         CHECK(finder.logger.lastErrorHas("GatedDeltaDecode createPlugin('selftest'): GatedDeltaDecode: state_mode"));
+    }
+
+    // ------------------------------------------------------------ verify and commit (speculative decoding)
+    {
+        int32_t const poolMode = 1;
+        // verify, pool: T=6 tokens of N=2 sequences, Hk=2, Hv=4, K=V=64, pool of 5 rows, slots [2]
+        std::vector<Tensor> vt = {{dims({6, 2, 64}), DataType::kBF16}, {dims({6, 2, 64}), DataType::kBF16},
+            {dims({6, 4, 64}), DataType::kBF16}, {dims({6, 4}), DataType::kFLOAT}, {dims({6, 4}), DataType::kFLOAT},
+            {dims({3}), DataType::kINT32}, {dims({5, 4, 64, 64}), DataType::kFLOAT}, {dims({2}), DataType::kINT32},
+            {dims({6, 4, 64}), DataType::kBF16}, {dims({6, 2, 64}), DataType::kFLOAT},
+            {dims({6, 4, 64}), DataType::kFLOAT}, {dims({6, 4}), DataType::kFLOAT}};
+        IPluginV3* v = make(vc, {{"state_mode", &poolMode, PluginFieldType::kINT32, 1}});
+        CHECK(v != nullptr && buildOf(v)->getNbOutputs() == 4);
+        auto vd = descs(vt);
+        CHECK(buildOf(v)->configurePlugin(vd.data(), 8, vd.data() + 8, 4) == 0);
+        DataType in8[8] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kFLOAT, DataType::kFLOAT,
+            DataType::kINT32, DataType::kFLOAT, DataType::kINT32};
+        DataType out4[4] = {DataType::kINT8, DataType::kINT8, DataType::kINT8, DataType::kINT8};
+        CHECK(buildOf(v)->getOutputDataTypes(out4, 4, in8, 8) == 0 && out4[0] == DataType::kBF16
+            && out4[1] == DataType::kFLOAT && out4[2] == DataType::kFLOAT && out4[3] == DataType::kFLOAT);
+#if GDN_TRT_HAS_BUILD_V2
+        for (int32_t o = 0; o < 4; ++o)
+        {
+            CHECK(static_cast<IPluginV3OneBuildV2*>(buildOf(v))->getAliasedInput(o) == -1); // the state is only read
+        }
+#endif
+        auto vbad = vt;
+        vbad[7].d = dims({3}); // slots [3] for N=2
+        auto vbd = descs(vbad);
+        CHECK(buildOf(v)->configurePlugin(vbd.data(), 8, vbd.data() + 8, 4) != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaVerify::configurePlugin: slots: dimension 0 (N) is 3, expected 2"));
+        std::vector<void const*> nullIn(8, nullptr);
+        std::vector<void*> nullOut(4, nullptr);
+        CHECK(runtimeOf(v)->enqueue(plain(vd).data(), plain(vd).data() + 8, nullIn.data(), nullOut.data(), nullptr,
+                  nullptr)
+            != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaVerify::enqueue: unsupported by the kernels"));
+
+        // commit, dense: state [2,4,64,64], factors of T=6 tokens, cu_seqlens [3], accepted [2]
+        std::vector<Tensor> ct = {{dims({2, 4, 64, 64}), DataType::kFLOAT}, {dims({6, 2, 64}), DataType::kFLOAT},
+            {dims({6, 4, 64}), DataType::kFLOAT}, {dims({6, 4}), DataType::kFLOAT}, {dims({3}), DataType::kINT32},
+            {dims({2}), DataType::kINT32}, {dims({2, 4, 64, 64}), DataType::kFLOAT}};
+        IPluginV3* c = make(cc, {});
+        CHECK(c != nullptr && buildOf(c)->getNbOutputs() == 1);
+        PluginFieldCollection const* cf = runtimeOf(c)->getFieldsToSerialize();
+        CHECK(cf->nbFields == 1 && intField(cf, "state_mode") == 0);
+        auto cd = descs(ct);
+        CHECK(buildOf(c)->configurePlugin(cd.data(), 6, cd.data() + 6, 1) == 0);
+        for (int32_t pos = 0; pos < 7; ++pos)
+        {
+            bool const index = pos == 4 || pos == 5;
+            CHECK(buildOf(c)->supportsFormatCombination(pos, cd.data(), 6, 1));
+            auto other = cd;
+            other[pos].desc.type = index ? DataType::kFLOAT : DataType::kINT32;
+            CHECK(!buildOf(c)->supportsFormatCombination(pos, other.data(), 6, 1));
+        }
+#if GDN_TRT_HAS_BUILD_V2
+        CHECK(static_cast<IPluginV3OneBuildV2*>(buildOf(c))->getAliasedInput(0) == -1); // dense: a new tensor
+#endif
+        auto cbad = ct;
+        cbad[0].d = dims({3, 4, 64, 64});
+        cbad[6].d = cbad[0].d;
+        auto cbd = descs(cbad);
+        CHECK(runtimeOf(c)->onShapeChange(plain(cbd).data(), 6, plain(cbd).data() + 6, 1) != 0);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaCommit::onShapeChange: state: dimension 0 (S=N) is 3, expected 2"));
+        IPluginV3* cp = make(cc, {{"state_mode", &poolMode, PluginFieldType::kINT32, 1}});
+        CHECK(cp != nullptr && intField(runtimeOf(cp)->getFieldsToSerialize(), "state_mode") == 1);
+#if GDN_TRT_HAS_BUILD_V2
+        CHECK(static_cast<IPluginV3OneBuildV2*>(buildOf(cp))->getAliasedInput(0) == 0); // pool updated in place
+#endif
+        DataType in6[6] = {DataType::kFLOAT, DataType::kFLOAT, DataType::kFLOAT, DataType::kFLOAT, DataType::kINT32,
+            DataType::kINT32};
+        DataType out1[1] = {DataType::kINT8};
+        CHECK(buildOf(cp)->getOutputDataTypes(out1, 1, in6, 6) != 0); // state_mode 1 needs slots: 7 inputs
+        CHECK(finder.logger.lastErrorHas("GatedDeltaCommit::getOutputDataTypes: expected 7 inputs and 1 output"));
+        int32_t const two = 2;
+        CHECK(make(cc, {{"state_mode", &two, PluginFieldType::kINT32, 1}}) == nullptr);
+        CHECK(finder.logger.lastErrorHas("GatedDeltaCommit createPlugin('selftest'): GatedDeltaCommit: state_mode"));
+        IPluginV3* cClone = cp->clone();
+        CHECK(cClone != nullptr && std::strcmp(coreOf(cClone)->getPluginName(), "GatedDeltaCommit") == 0);
+        for (IPluginV3* p : {v, c, cp, cClone})
+        {
+            delete p;
+        }
     }
 
     for (IPluginV3* p : {pDefault, pRaw, dPool, dRawPool, dDense, pClone, pRuntime, dRuntime, attached})

@@ -212,7 +212,8 @@ def _fake_tensorrt(log, inputs, library_registers=True, version="10.9.0"):
     class Registry:
         def load_library(self, path):
             log.append(("load_library", (path,), {}))
-            ours = {(op, SPEC.plugin_version, SPEC.plugin_namespace) for op in SPEC.ops} if library_registers else set()
+            ours = ({(op, SPEC.plugin_version, SPEC.plugin_namespace) for op in SPEC.plugin_ops}
+                    if library_registers else set())
             if ours & registered:
                 return None
             registered.update(ours)
@@ -296,7 +297,7 @@ def test_build_flow_with_recording_tensorrt(export_dir, tmp_path, monkeypatch, c
     assert summary["engines"]["decode"]["file"] == "decode.engine" and summary["tensorrt_version"] == "10.9.0"
     calls = {c[0]: c for c in log}
     assert [c[1] for c in log if c[0] == "load_library"] == [(str(lib),)]
-    assert {c[1] for c in log if c[0] == "get_creator"} == {(op, "1", "gdn") for op in SPEC.ops}
+    assert {c[1] for c in log if c[0] == "get_creator"} == {(op, "1", "gdn") for op in SPEC.plugin_ops}
     assert calls["create_network"][1] == (1,)                       # strongly typed
     assert "parser.set_flag" not in calls                           # no ENABLE_PLUGIN_OVERRIDE (or any flag)
     parsed, path = calls["parse"][1]

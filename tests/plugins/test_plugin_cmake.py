@@ -10,7 +10,7 @@ an error; no nvcc run) and checks:
 - ``gdn_plugin_selftest`` (host-only checks of the plugin classes);
 - ``gdn_plugin_loading_test``: the libraries loaded the way trtexec --staticPlugins / --dynamicPlugins, Polygraphy
   --plugins and load_library load them, twice in one process, against a fake libnvinfer registry that records
-  registerCreator: both creators end up registered exactly once;
+  registerCreator: every creator (prefill, decode, verify, commit) ends up registered exactly once;
 - ``gdn_plugin_lifecycle --host-only``: the TensorRT call sequence up to enqueue on the cases of
   lifecycle_cases.py (the GPU part is test_plugin_lifecycle.py).
 
@@ -57,9 +57,25 @@ char const* gdnDecodeSupports(GdnDecodeParams const& p) {
     if (p.B > 0 && (!p.q || !p.stateIn || !p.stateOut)) return "decode: pointers";
     return "";
 }
+char const* gdnVerifySupports(GdnVerifyParams const& p) {
+    if (!head(p.K) || !head(p.V)) return "verify: head dim K, V in {64, 128, 256} only";
+    if (p.Hk <= 0 || p.Hv % p.Hk) return "verify: heads";
+    if (p.stateMode == 0 && p.P != p.N) return "verify: P == N";
+    if (p.N > 0 && p.T > 0 && (!p.q || !p.state || !p.commitK)) return "verify: pointers";
+    return "";
+}
+char const* gdnCommitSupports(GdnCommitParams const& p) {
+    if (!head(p.K) || !head(p.V)) return "commit: head dim K, V in {64, 128, 256} only";
+    if (p.Hk <= 0 || p.Hv % p.Hk) return "commit: heads";
+    if (p.stateMode == 0 && p.P != p.N) return "commit: P == N";
+    if (p.N > 0 && p.T > 0 && (!p.state || !p.accepted)) return "commit: pointers";
+    return "";
+}
 size_t gdnPrefillWorkspaceSize(GdnPrefillParams const& p) { return size_t(p.T) * p.Hv * p.K * 4 + 256; }
 cudaError_t launchGdnPrefill(GdnPrefillParams const&, cudaStream_t) { return cudaErrorNotSupported; }
 cudaError_t launchGdnDecode(GdnDecodeParams const&, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t launchGdnVerify(GdnVerifyParams const&, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t launchGdnCommit(GdnCommitParams const&, cudaStream_t) { return cudaErrorNotSupported; }
 }
 """
 

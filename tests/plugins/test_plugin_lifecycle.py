@@ -1,11 +1,12 @@
 """The plugin objects compute the right thing on a GPU, driven through TensorRT's call sequence without TensorRT.
 
 ``gdn_plugin_lifecycle`` (plugins_cpp/lifecycle, built by ``scripts/build_kernels.sh --all`` with TensorRT
-headers) creates each plugin from parser-shaped fields, walks the build-time calls, enqueues the engine's clone,
+headers) creates each plugin (prefill, decode, verify, commit) from parser-shaped fields, walks the build-time calls, enqueues the engine's clone,
 re-creates the plugin from its serialized fields, attaches it to a context and enqueues it again directly and
 inside a CUDA graph, on a non-default stream with NaN-poisoned outputs. Here every output of every phase is
-compared with the float64 reference of lifecycle_cases.py (kernel tolerances of the spec). The host part of the
-same harness runs on CPU machines in test_plugin_cmake.py.
+compared with the float64 reference of lifecycle_cases.py (kernel tolerances of the spec), and with a pool a
+skipped sequence's per-token outputs must be 0 and rows nobody owns keep their bits. The host part of the same
+harness runs on CPU machines in test_plugin_cmake.py.
 
 Needs a CUDA GPU and a full build (``$GDN_BUILD_DIR`` or ``build/``); skipped with the reason otherwise, an error
 under ``GDN_REQUIRE_KERNELS=1`` (scripts/device_gpu_check.sh), so a broken build never passes as skipped.
@@ -47,23 +48,32 @@ def test_lifecycle_on_gpu(tmp_path, gen):
     print(r.stdout)
     assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout[-6000:] + r.stderr[-2000:]
     for case, d in zip(cases, dirs):
-        state_in = next((t.value for t in case.inputs if t.name == "state"), None)
-        slots = next((t.value for t in case.inputs if t.name == "slots"), None)
+        inputs = {t.name: t.value for t in case.inputs}
         for phase in PHASES:
+            got = {}
             for out in case.outputs:
-                got = read_output(d, phase, out)
+                got[out.name] = read_output(d, phase, out)
                 where = f"{case.name} {phase} {out.name}"
-                assert not torch.isnan(got.float()).any(), f"{where}: unwritten (NaN-poisoned) elements"
-                err = rel_err(got, out.value)
+                assert not torch.isnan(got[out.name].float()).any(), f"{where}: unwritten (NaN-poisoned) elements"
+                err = rel_err(got[out.name], out.value)
                 assert err <= case.tolerance[out.name], f"{where}: rel err {err:.3e} > {case.tolerance[out.name]}"
-            if slots is not None:
-                # slot -1: o = 0 and the pool untouched; rows no sequence uses are untouched too (bitwise)
-                o = read_output(d, phase, case.outputs[0])
-                pool = read_output(d, phase, case.outputs[1])
-                used = {int(s) for s in slots if s >= 0}
-                for b, s in enumerate(slots.tolist()):
-                    if s < 0:
-                        assert torch.equal(o[b].float(), torch.zeros_like(o[b].float())), f"{case.name} {phase}"
-                for row in range(pool.shape[0]):
-                    if row not in used:
-                        assert torch.equal(pool[row], state_in[row]), f"{case.name} {phase}: pool row {row} changed"
+            if "slots" in inputs:
+                _check_pool_rules(case.name + " " + phase, inputs, got)
+
+
+def _check_pool_rules(where, inputs, got):
+    """Slot -1: every per-token output of that sequence is 0 (decode: its row; verify: its drafted tokens) and
+    no pool row changes; rows no sequence owns keep their bits (decode and commit return the pool)."""
+    slots = inputs["slots"].tolist()
+    cu = inputs["cu_seqlens"].tolist() if "cu_seqlens" in inputs else list(range(len(slots) + 1))
+    for b, s in enumerate(slots):
+        if s < 0:
+            for name, t in got.items():
+                if name != "new_state":
+                    part = t[cu[b]:cu[b + 1]].float()
+                    assert torch.equal(part, torch.zeros_like(part)), f"{where}: {name} of skipped sequence {b}"
+    if "new_state" in got:
+        pool, used = got["new_state"], {s for s in slots if s >= 0}
+        for row in range(pool.shape[0]):
+            if row not in used:
+                assert torch.equal(pool[row], inputs["state"][row]), f"{where}: pool row {row} changed"

@@ -92,3 +92,34 @@ def test_write_tensorrt_onnx(tmp_path):
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]))
     onnx.save(plain, str(tmp_path / "plain.onnx"))
     assert write_tensorrt_onnx(tmp_path / "plain.onnx") is None and not (tmp_path / "plain.trt.onnx").exists()
+
+
+def test_speculative_ops_are_plugin_nodes(tmp_path):
+    """GatedDeltaVerify / GatedDeltaCommit have plugins too: their nodes are stamped and their bodies dropped in the
+    TensorRT copy (a verify.onnx / commit.onnx of gdn-export gets a .trt.onnx beside it)."""
+    from gdn_deploy.spec import COMMIT, VERIFY
+    h = onnx.helper
+    nodes, functions, names = [], [], set()
+    for op, attrs in ((VERIFY, {"state_mode": 1}), (COMMIT, {"state_mode": 1})):
+        full = op.attrs(**attrs)
+        ins, outs = [f"{op.name}.{n}" for n in op.input_names(full)], [f"{op.name}.{n}" for n in op.output_names()]
+        names.update(ins)
+        nodes.append(h.make_node(op.name, ins, outs, name=f"{op.name}_0", domain=SPEC.domain,
+                                 **{a: full[a] for a in op.attributes}))
+        functions.append(h.make_function(SPEC.domain, op.name, op.input_names(full), op.output_names(),
+                                         [h.make_node("Identity", [op.input_names(full)[0]], [o])
+                                          for o in op.output_names()],
+                                         [h.make_opsetid("", 18)], list(op.attributes)))
+    graph = h.make_graph(nodes, "spec", [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names],
+                         [h.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for n in nodes for o in n.output])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18), h.make_opsetid(SPEC.domain,
+                                                                                       SPEC.opset_version)])
+    model.functions.extend(functions)
+    src = tmp_path / "verify.onnx"
+    onnx.save(model, str(src))
+    assert len(tensorrt_ready_problems(model)) == 2 + 2 * 2   # two bodies, two attributes missing per node
+    out = write_tensorrt_onnx(src)
+    trt = onnx.load(str(out))
+    assert out.name == "verify.trt.onnx" and tensorrt_ready_problems(trt) == [] and not trt.functions
+    assert sorted(n.op_type for n in all_gdn_nodes(trt)) == ["GatedDeltaCommit", "GatedDeltaVerify"]
+    assert set(SPEC.plugin_ops) == {"GatedDeltaPrefill", "GatedDeltaDecode", "GatedDeltaVerify", "GatedDeltaCommit"}

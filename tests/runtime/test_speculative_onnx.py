@@ -78,15 +78,23 @@ def test_export_writes_speculative_graphs(exported):
     assert list(meta["graphs"]) == ["prefill", "decode", *want]
     for g in want:
         info = meta["graphs"][g]
-        assert info["file"] in meta["files"] and "tensorrt_file" not in info     # no verify plugin yet
-        assert info["check"]["reference"] in meta["files"]
+        assert info["file"] in meta["files"] and info["check"]["reference"] in meta["files"]
+        # verify / commit get TensorRT-ready copies (their gdn nodes go to the plugins); the MTP draft graph has
+        # no gdn node, so none
+        want_trt = f"{g}.trt.onnx" if g != "draft" else None
+        assert info.get("tensorrt_file") == want_trt and (want_trt is None or want_trt in meta["files"])
     verify_folder(folder.path, meta, hashes=True)
     assert [p.name for p in folder.path.glob("*.data")] == ["weights.data"]
     import onnx
+    from gdn_deploy.onnx_nodes import tensorrt_ready_problems
     for g, op in (("verify", "GatedDeltaVerify"), ("commit", "GatedDeltaCommit")):
         model = onnx.load(str(folder.path / f"{g}.onnx"), load_external_data=False)
-        assert [n.op_type for n in model.graph.node if n.domain == "gdn"].count(op) == len(
-            [t for t in meta["model"]["layer_types"] if t == "linear_attention"])
+        n_gdn = len([t for t in meta["model"]["layer_types"] if t == "linear_attention"])
+        assert [n.op_type for n in model.graph.node if n.domain == "gdn"].count(op) == n_gdn
+        trt = onnx.load(str(folder.path / f"{g}.trt.onnx"), load_external_data=False)
+        assert tensorrt_ready_problems(trt) == [] and tensorrt_ready_problems(model) != []
+        assert [n.op_type for n in trt.graph.node if n.domain == "gdn"].count(op) == n_gdn
+        assert not [f for f in trt.functions if f.domain == "gdn"]     # only the plugin can serve the nodes
     prefill_outs = [t["name"] for t in meta["graphs"]["prefill"]["outputs"]]
     assert ("hidden" in prefill_outs) == mtp
     if mtp:
