@@ -83,6 +83,7 @@ class OnnxRuntimeBackend:
         self.device = torch.device("cpu")
         # generation keeps the states on this device, bound in place where the graphs allow it (ort_binding.py)
         self.bind_states = bool(bind_states)
+        self.in_place_graphs: dict[str, bool] = {}
         names = [p if isinstance(p, str) else p[0] for p in providers]
         self.state_device = torch.device("cuda" if "CUDAExecutionProvider" in names else "cpu")
 

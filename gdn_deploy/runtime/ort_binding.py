@@ -76,7 +76,7 @@ def bound_states_for(folder: ExportFolder, backend) -> Optional["BoundStates"]:
     has_attention = any(s.kind == "attention" for s in folder.states)
     if has_attention and (not attn or attn.get("op") != GQA_OP):
         return None
-    cache = backend.__dict__.setdefault("_in_place", {})
+    cache = backend.in_place_graphs             # graph -> in_place_caches(...), checked once per backend
     for g in ("prefill", "decode"):
         if g not in cache:
             cache[g] = in_place_caches(folder.graph_file(g), folder.states, g)
@@ -111,6 +111,8 @@ class BoundStates:
                 self.spare[s.decode_input] = torch.empty_like(x)
 
     def state_dict(self) -> dict[str, Tensor]:
+        """The current states by decode input name: this object's buffers, not copies (its later runs write
+        into them: clone what must outlive them)."""
         return dict(self.current)
 
     def select(self, rows: Tensor) -> None:
