@@ -19,6 +19,18 @@ hidden 1024, 8/2 attention heads of 256, 16 GDN heads K=V=128, MLP 3584, with 4 
 and every MLP a 64-expert top-8 MoE with a shared expert; decode gathers each token's k experts). Writes
 bench_generate.json and a markdown table to --out.
 
+--ort-steps (cpu): onnxruntime decode step time in ms with the states bound in place (runtime/ort_binding.py: KV
+caches one buffer for past and present, GDN states ping-ponged) and passed in and out as tensors (make_backend(...,
+bind_states=False): onnxruntime clears and refills each present cache, and every output is copied), at batches
+--step-batches and past lengths --step-contexts (random states at that past length: a step's cost does not depend on
+their values), the two alternated --repeats times in one process; medians.
+
+--genai PYTHON (cpu): side by side with onnxruntime-genai (installed in another Python, e.g. a venv, so the
+repository's onnxruntime stays as it is): the config is saved as a Qwen3_5ForConditionalGeneration folder (what its
+builder takes) with a word-level tokenizer; gdn-export and its builder (``-p fp32 -e cpu``) both export that folder;
+prefill of one prompt at --genai-prefill lengths and decode at --genai-batches (prompts of --prompt-len, --new
+tokens) run alternately, ours and then its (benchmarks/genai_runner.py in that Python), --repeats times; medians.
+
 --engine-batches 1,8,64 (cuda): per decode step in ms at each batch size (prompts of --prompt-len), side by side:
 the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket) fused by
 torch.compile (fuse=True), by default (the Triton glue kernels of gdn_deploy.lm.triton_ops) and with the glue on
@@ -306,17 +318,201 @@ def fla_status() -> str:
         return "no fla (HF's PyTorch fallback)"
 
 
+def _random_states(folder, B: int, past: int, capacity: int, gen) -> dict:
+    """Decode states of B sequences at past length ``past``: random GDN states, KV caches random in the filled
+    slots (the rest zero)."""
+    from gdn_deploy.runtime.generation import _DTYPES
+    out = {}
+    for s in folder.states:
+        shape = [B if d == "B" else capacity if d == "S" else int(d) for d in s.decode_shape]
+        x = torch.randn(shape, generator=gen).to(_DTYPES[s.dtype]) * 0.1
+        if s.kind == "attention":
+            x[:, :, past:] = 0
+        out[s.decode_input] = x
+    return out
+
+
+def bench_ort_steps(name, folder, args, rows):
+    """ms per decode step, states bound in place vs tensors in and out (alternated, medians)."""
+    from gdn_deploy.runtime.backends import make_backend
+    from gdn_deploy.runtime.ort_binding import BoundStates, bound_states_for
+    bound_be = make_backend("onnxruntime", folder, threads=args.threads)
+    plain = make_backend("onnxruntime", folder, threads=args.threads, bind_states=False)
+    if bound_states_for(folder, bound_be) is None:
+        raise SystemExit("bench_generate --ort-steps: this folder's graphs cannot be bound in place")
+    gen = torch.Generator().manual_seed(3)
+    steps = max(2, args.new)
+    for P in [int(x) for x in args.step_contexts.split(",")]:
+        for B in [int(x) for x in args.step_batches.split(",")]:
+            states = _random_states(folder, B, P, P + steps + 1, gen)
+            ids = torch.randint(0, folder.vocab_size, (B,), generator=gen)
+            times = {"tensors": [], "bound": []}
+            for _ in range(args.repeats):
+                for mode in ("tensors", "bound"):
+                    st = {k: v.clone() for k, v in states.items()}
+                    bound = BoundStates(folder, bound_be) if mode == "bound" else None
+                    if bound is not None:
+                        bound.load(st)
+                    per = []
+                    for j in range(steps):
+                        feed = {"input_ids": ids, "positions": torch.full((B,), P + j, dtype=torch.long)}
+                        t0 = time.perf_counter()
+                        if bound is None:
+                            out = plain.run("decode", {**feed, **st})
+                            st = {s.decode_input: out[s.decode_output] for s in folder.states}
+                        else:
+                            bound.run("decode", feed)
+                        per.append(time.perf_counter() - t0)
+                    times[mode].append(_median(per[1:]) * 1e3)       # the first step of a run: warm-up
+            row = dict(config=name, kind="ort_step", batch=B, past=P, tensors_ms=_median(times["tensors"]),
+                       bound_ms=_median(times["bound"]), tensors_all=times["tensors"], bound_all=times["bound"])
+            row["speedup"] = row["tensors_ms"] / row["bound_ms"]
+            rows.append(row)
+            print(row, flush=True)
+
+
+def build_hf_vl(name: str, folder: Path, max_positions: int) -> None:
+    """The config as a Qwen3_5ForConditionalGeneration folder (a tiny random vision tower; the text model as
+    build_hf makes it) with a word-level tokenizer: what onnxruntime-genai's builder takes."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    V = CONFIGS[name]["vocab_size"]
+    rd = int(CONFIGS[name]["head_dim"] * 0.25) // 2                      # rotary frequencies (32: [11, 11, 10])
+    text = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=max_positions,
+                tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
+                                     mrope_section=[rd - 2 * (rd // 3) - 1, rd // 3 + 1, rd // 3],
+                                     mrope_interleaved=True))
+    vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=4, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
+    cfg = tf.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False, image_token_id=V - 1,
+                           video_token_id=V - 2, vision_start_token_id=V - 3, vision_end_token_id=V - 4)
+    cfg.text_config.eos_token_id = cfg.eos_token_id = 0
+    torch.manual_seed(0)
+    model = tf.Qwen3_5ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "A_log") and hasattr(m, "dt_bias"):
+                m.A_log.uniform_(-2.0, 1.0)
+                m.dt_bias.uniform_(-1.0, 1.0)
+    model.save_pretrained(str(folder))
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w1"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w0", unk_token="w1").save_pretrained(str(folder))
+
+
+class GenaiRunner:
+    """benchmarks/genai_runner.py in another Python: one JSON request/answer per line."""
+
+    def __init__(self, python: str, model_dir: Path, threads: int):
+        import subprocess
+        self.proc = subprocess.Popen([python, str(Path(__file__).with_name("genai_runner.py")), str(model_dir),
+                                      "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        first = self.proc.stdout.readline().split()
+        if not first or first[0] != "ready":
+            raise SystemExit(f"bench_generate --genai: the runner did not start ({' '.join(first)})")
+        self.version = first[1] if len(first) > 1 else "?"
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def run_side_by_side(name, args, rows):
+    """Our export and onnxruntime-genai's of one Qwen3_5ForConditionalGeneration checkpoint, alternated (with
+    --ort-steps, those rows first, on the same export)."""
+    import subprocess
+    from gdn_deploy.export.loading import load_targets
+    from gdn_deploy.export.model_export import ExportOptions, export_model
+    from gdn_deploy.runtime.backends import make_backend
+    from gdn_deploy.runtime.folder import ExportFolder
+    from gdn_deploy.runtime.generation import generate
+    lengths = [int(x) for x in args.genai_prefill.split(",")]
+    batches = [int(x) for x in args.genai_batches.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_genai_{name}_"))
+    build_hf_vl(name, tmp / "hf", max(max(lengths), args.prompt_len + args.new) + 64)
+    t0 = time.perf_counter()
+    export_model(load_targets(str(tmp / "hf"))[0], tmp / "ours", ExportOptions(verify=False))
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    subprocess.run([args.genai, "-m", "onnxruntime_genai.models.builder", "-i", str(tmp / "hf"), "-o",
+                    str(tmp / "genai"), "-p", "fp32", "-e", "cpu", "-c", str(tmp / "cache")], check=True,
+                   stdout=subprocess.DEVNULL)
+    t_genai = time.perf_counter() - t0
+    size = {k: sum(f.stat().st_size for f in (tmp / k).rglob("*") if f.is_file()) for k in ("ours", "genai")}
+    rows.append(dict(config=name, kind="export", ours_s=t_ours, genai_s=t_genai, ours_bytes=size["ours"],
+                     genai_bytes=size["genai"]))
+    print(rows[-1], flush=True)
+    folder = ExportFolder(tmp / "ours")
+    if args.ort_steps:
+        bench_ort_steps(name, folder, args, rows)
+    ours = make_backend("onnxruntime", folder, threads=args.threads)
+    genai = GenaiRunner(args.genai, tmp / "genai", args.threads)
+    V = CONFIGS[name]["vocab_size"]
+    gen = torch.Generator().manual_seed(4)
+    try:
+        for L in sorted(lengths, key=lambda n: (n > 2048, n)):      # the longest after the decode rows
+            if L > 2048 and not any(r.get("kind") == "decode" and r["config"] == name for r in rows):
+                _side_decode(name, args, rows, folder, ours, genai, batches, gen, V)
+            prompt = torch.randint(0, V, (L,), generator=gen).tolist()
+            a, b, same = [], [], []
+            for _ in range(args.repeats):
+                r = generate(folder, ours, [prompt], 1, eos_token_ids=[])
+                a.append(r.prefill_seconds)
+                g = genai.ask(op="prefill", tokens=prompt)
+                b.append(g["seconds"])
+                same.append(r.tokens[0][0] == g["next"])
+            rows.append(dict(config=name, kind="prefill", tokens=L, ours_s=_median(a), genai_s=_median(b),
+                             ours_all=a, genai_all=b, same_next_token=all(same)))
+            print(rows[-1], flush=True)
+        if not any(r.get("kind") == "decode" and r["config"] == name for r in rows):
+            _side_decode(name, args, rows, folder, ours, genai, batches, gen, V)
+    finally:
+        genai.close()
+    rows.append(dict(config=name, kind="genai_version", version=genai.version))
+
+
+def _side_decode(name, args, rows, folder, ours, genai, batches, gen, V):
+    from gdn_deploy.runtime.generation import generate
+    for B in batches:
+        prompts = [torch.randint(0, V, (args.prompt_len,), generator=gen).tolist() for _ in range(B)]
+        a, b, agree = [], [], []
+        for _ in range(args.repeats):
+            r = generate(folder, ours, prompts, args.new, eos_token_ids=[])
+            a.append(r.decode_tokens / r.decode_seconds)
+            g = genai.ask(op="decode", prompts=prompts, steps=args.new)
+            b.append(B * (args.new - 1) / g["seconds"])
+            agree.append(_agreement(r.tokens, g["tokens"]))
+        rows.append(dict(config=name, kind="decode", batch=B, prompt_len=args.prompt_len, new=args.new,
+                         ours_tok_s=_median(a), genai_tok_s=_median(b), ours_all=a, genai_all=b,
+                         token_agreement=min(agree)))
+        print(rows[-1], flush=True)
+
+
 def run_config(name, args, rows):
     from gdn_deploy.export.loading import load_targets
     from gdn_deploy.export.model_export import ExportOptions, export_model
     from gdn_deploy.runtime.backends import make_backend
     from gdn_deploy.runtime.folder import ExportFolder
+    if args.device == "cpu" and args.genai:
+        run_side_by_side(name, args, rows)
+        return
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_generate_{name}_"))
     hf = build_hf(name, tmp / "hf")
     gen = torch.Generator().manual_seed(1)
     V = CONFIGS[name]["vocab_size"]
     prompts = [torch.randint(0, V, (args.prompt_len,), generator=gen).tolist() for _ in range(args.prompts)]
     shape = f"{args.prompts}x{args.prompt_len} +{args.new}"
+    if args.device == "cpu" and args.ort_steps:
+        export_model(load_targets(str(tmp / "hf"))[0], tmp / "out", ExportOptions(verify=False))
+        bench_ort_steps(name, ExportFolder(tmp / "out"), args, rows)
+        return
     if args.device == "cpu":
         t0 = time.perf_counter()
         export_model(load_targets(str(tmp / "hf"))[0], tmp / "out", ExportOptions(verify=False))
@@ -370,6 +566,36 @@ def run_config(name, args, rows):
         print(rows[-1], flush=True)
 
 
+def side_by_side_tables(rows, args) -> list[str]:
+    """Markdown tables of the --ort-steps and --genai rows."""
+    out = []
+    steps = [r for r in rows if r["kind"] == "ort_step"]
+    if steps:
+        out += [f"onnxruntime CPU decode step, {args.threads} thread(s), median of {args.repeats} alternated runs:", "",
+                "| config | batch | past tokens | tensors in/out ms | bound in place ms | speedup |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {r['config']} | {r['batch']} | {r['past']} | {r['tensors_ms']:.1f} | {r['bound_ms']:.1f} | "
+                f"{r['speedup']:.2f}x |" for r in steps] + [""]
+    ver = next((r["version"] for r in rows if r["kind"] == "genai_version"), "?")
+    for r in rows:
+        if r["kind"] == "export":
+            out += [f"export of {r['config']}: gdn-export {r['ours_s']:.1f} s, {r['ours_bytes'] / 1e9:.2f} GB; "
+                    f"onnxruntime-genai {ver} builder {r['genai_s']:.1f} s, {r['genai_bytes'] / 1e9:.2f} GB", ""]
+    pre = [r for r in rows if r["kind"] == "prefill"]
+    if pre:
+        out += ["| config | prefill tokens | gdn-export s | onnxruntime-genai s | same next token |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['config']} | {r['tokens']} | {r['ours_s']:.2f} | {r['genai_s']:.2f} | "
+                f"{r['same_next_token']} |" for r in pre] + [""]
+    dec = [r for r in rows if r["kind"] == "decode"]
+    if dec:
+        out += ["| config | decode batch x prompt | gdn-export tok/s | onnxruntime-genai tok/s | token agreement |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['config']} | {r['batch']} x {r['prompt_len']} | {r['ours_tok_s']:.1f} | "
+                f"{r['genai_tok_s']:.1f} | {r['token_agreement']:.2f} |" for r in dec] + [""]
+    return out
+
+
 def main(argv=None) -> int:
     from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
     ap = OneLineParser(description=__doc__.splitlines()[0])
@@ -387,6 +613,14 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-only", action="store_true", help="cuda: only the --engine-batches rows")
     ap.add_argument("--profile", action="store_true", help="cuda: torch.profiler kernel tables of the graphed step "
                     "at every --engine-batches size (unfused: the first size) into --out/profile_<config>_step.md")
+    ap.add_argument("--ort-steps", action="store_true", help="cpu: onnxruntime decode step ms, states bound in "
+                    "place vs tensors in and out, at --step-batches x --step-contexts (only these rows, and --genai's)")
+    ap.add_argument("--step-batches", default="1,4,16")
+    ap.add_argument("--step-contexts", default="512,2048")
+    ap.add_argument("--genai", default="", metavar="PYTHON", help="cpu: side by side with onnxruntime-genai "
+                    "installed in this Python (only these rows, and --ort-steps')")
+    ap.add_argument("--genai-prefill", default="512,2048,8192")
+    ap.add_argument("--genai-batches", default="1,4,16")
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     args = ap.parse_args(argv)
     if args.device == "cpu":
@@ -403,7 +637,10 @@ def main(argv=None) -> int:
     (out / "bench_generate.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
     lines = ["| config | batch | runtime | prefill tok/s | decode tok/s |", "|---|---|---|---|---|"]
     steps = [r for r in rows if "engine_graph_ms" in r]
-    rows = [r for r in rows if "engine_graph_ms" not in r]
+    lines = side_by_side_tables([r for r in rows if "kind" in r], args) + lines
+    rows = [r for r in rows if "engine_graph_ms" not in r and "kind" not in r]
+    if not rows:
+        lines = lines[:-2]
     if steps:
         lines = ["| config | batch x prompt | graphed + fused ms | graphed (default) ms | graphed, torch glue ms | "
                  "engine eager ms | forward_decode ms | HF ms | byte floor ms | floor / fused | floor / default | "

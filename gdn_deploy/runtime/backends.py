@@ -66,7 +66,8 @@ class TorchBackend:
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
-    def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None):
+    def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None,
+                 bind_states: bool = True):
         import onnxruntime as ort
 
         # onnxruntime's CPU provider has no bf16 arithmetic kernels: bf16 graphs run with float32 arithmetic there
@@ -80,6 +81,11 @@ class OnnxRuntimeBackend:
         for g in ("prefill", "decode"):
             self._open(g)
         self.device = torch.device("cpu")
+        # generation keeps the states on this device, bound in place where the graphs allow it (ort_binding.py)
+        self.bind_states = bool(bind_states)
+        self.in_place_graphs: dict[str, bool] = {}
+        names = [p if isinstance(p, str) else p[0] for p in providers]
+        self.state_device = torch.device("cuda" if "CUDAExecutionProvider" in names else "cpu")
 
     def _open(self, g: str):
         """The session of graph ``g`` (prefill and decode at start; others, e.g. verify, on first use)."""
@@ -153,12 +159,13 @@ class TensorRTBackend:
 
 
 def make_backend(name: str, folder: ExportFolder, *, device: str = "cpu", plugin_lib: str | None = None,
-                 allow_pickle: bool = False, threads: int | None = None):
-    """A backend by name; ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice)."""
+                 allow_pickle: bool = False, threads: int | None = None, bind_states: bool = True):
+    """A backend by name; ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice);
+    ``bind_states=False`` makes onnxruntime generation pass states in and out as tensors (no in-place caches)."""
     if name == "torch":
         return TorchBackend(folder, device=device, allow_pickle=allow_pickle)
     if name == "onnxruntime":
-        return OnnxRuntimeBackend(folder, threads=threads)
+        return OnnxRuntimeBackend(folder, threads=threads, bind_states=bind_states)
     if name == "tensorrt":
         return TensorRTBackend(folder, plugin_lib)
     raise UsageError(f"--backend {name!r}: expected one of {', '.join(BACKENDS)}")

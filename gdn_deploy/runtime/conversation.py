@@ -20,6 +20,7 @@ from ..errors import UsageError
 from ..lm.model import padded_view
 from .folder import ExportFolder
 from .generation import _DTYPES, empty_state_feed, pack_prompts
+from .ort_binding import bound_states_for
 from .sampling import Sampler, SamplingConfig
 
 __all__ = ["prefill", "check_states", "grow_states", "Conversation"]
@@ -65,24 +66,33 @@ def grow_states(folder: ExportFolder, states: dict[str, Tensor], capacity: int) 
     return out
 
 
-def _run(folder, backend, prompts, past, states):
+def _run(folder, backend, prompts, past, states, bound=None):
     ids, cu, _ = pack_prompts(prompts, backend.device)
     pos = torch.tensor([p + j for p, q in zip(past, prompts) for j in range(len(q))], dtype=torch.long,
                        device=backend.device)
-    feed = {"input_ids": ids, "cu_seqlens": cu, "positions": pos, "pad_index": padded_view(cu, backend.device),
-            **{k: v.to(backend.device) for k, v in states.items()}}
-    out = backend.run("prefill", feed)
+    feed = {"input_ids": ids, "cu_seqlens": cu, "positions": pos, "pad_index": padded_view(cu, backend.device)}
+    if bound is not None:                         # states bound in place (ort_binding.py): they stay in `bound`
+        bound.load(states)
+        all_logits = folder.meta.get("generation", {}).get("prefill_logits") == "all"
+        out = bound.run("prefill", feed, rows=int(ids.shape[0]) if all_logits else len(prompts))
+        out.update(bound.state_dict())
+    else:
+        out = backend.run("prefill", {**feed, **{k: v.to(backend.device) for k, v in states.items()}})
     logits = out["logits"]
     if logits.shape[0] != len(prompts):           # every token's logits: keep each sequence's last
         logits = logits.index_select(0, (cu[1:].long() - 1).to(logits.device))
+    if bound is not None:
+        return logits, {s.prefill_input: out[s.decode_input] for s in folder.states}
     return logits, {s.prefill_input: out[s.prefill_output] for s in folder.states}
 
 
 def prefill(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], states: Optional[dict] = None,
-            past: Optional[Sequence[int]] = None, capacity: Optional[int] = None):
+            past: Optional[Sequence[int]] = None, capacity: Optional[int] = None, bound=None):
     """Prefill ``prompts`` (new token ids per sequence, >= 1 each) at past lengths ``past`` (default 0) continuing
     from ``states`` (default: zero states with KV caches of ``capacity`` slots, default just enough).
-    Returns (logits [N, vocab] of each sequence's last token, the states after it, by input name)."""
+    Returns (logits [N, vocab] of each sequence's last token, the states after it, by input name). With ``bound``
+    (:class:`~gdn_deploy.runtime.ort_binding.BoundStates`) the states are bound in place and end up in it too (the
+    returned tensors are its buffers, updated by its next run)."""
     if not folder.prefill_continues:
         raise UsageError(f"{folder.path}: its prefill graph starts from empty states (exported by an earlier "
                          "gdn-deploy); re-export it to continue a prompt")
@@ -99,9 +109,11 @@ def prefill(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], sta
     if N > 1 and any(past) and max(lens) > 1 and getattr(backend, "name", "") == "onnxruntime":
         parts = [_run(folder, backend, [prompts[i]], [past[i]], {k: v[i:i + 1] for k, v in states.items()})
                  for i in range(N)]
-        return (torch.cat([p[0] for p in parts]),
-                {k: torch.cat([p[1][k] for p in parts]) for k in parts[0][1]})
-    return _run(folder, backend, prompts, past, states)
+        states = {k: torch.cat([p[1][k] for p in parts]) for k in parts[0][1]}
+        if bound is not None:
+            bound.load(states)
+        return torch.cat([p[0] for p in parts]), states
+    return _run(folder, backend, prompts, past, states, bound)
 
 
 class Conversation:
@@ -130,7 +142,8 @@ class Conversation:
                              f"model's position limit (max_position_embeddings={limit})")
         cap = past + len(new) + max_new_tokens
         states = None if self.states is None else grow_states(self.folder, self.states, cap)
-        logits, states = prefill(self.folder, self.backend, [new], states, [past], capacity=cap)
+        bound = bound_states_for(self.folder, self.backend)   # onnxruntime: states bound in place
+        logits, states = prefill(self.folder, self.backend, [new], states, [past], capacity=cap, bound=bound)
         self.fed += new
         sampler = Sampler(self.sampling, [self.fed], V, device=logits.device)
         out: list[int] = []
@@ -141,11 +154,16 @@ class Conversation:
             if t in self.eos or step == max_new_tokens - 1:
                 break
             feed = {"input_ids": torch.tensor([t], device=dev),
-                    "positions": torch.tensor([len(self.fed)], device=dev),
-                    **{s.decode_input: states[s.prefill_input] for s in self.folder.states}}
-            res = self.backend.run("decode", feed)
-            states = {s.prefill_input: res[s.decode_output] for s in self.folder.states}
+                    "positions": torch.tensor([len(self.fed)], device=dev)}
+            if bound is not None:
+                res = bound.run("decode", feed)
+            else:
+                res = self.backend.run("decode", {**feed, **{s.decode_input: states[s.prefill_input]
+                                                             for s in self.folder.states}})
+                states = {s.prefill_input: res[s.decode_output] for s in self.folder.states}
             logits = res["logits"]
             self.fed.append(t)
+        if bound is not None:
+            states = {s.prefill_input: bound.current[s.decode_input] for s in self.folder.states}
         self.states, self.pending = states, out[-1:]
         return out

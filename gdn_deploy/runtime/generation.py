@@ -22,6 +22,7 @@ from torch import Tensor
 from ..errors import UsageError
 from ..lm.model import padded_view, scatter_packed
 from .folder import ExportFolder
+from .ort_binding import bound_states_for
 from .sampling import Sampler, SamplingConfig
 from .streaming import TextStream, accept_token, check_stop_strings
 
@@ -154,16 +155,22 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     lens = [len(p) for p in prompts]
     capacity = max(lens) + max_new_tokens
     feed = fresh_prefill_feed(folder, ids, cu, pos, capacity)
+    bound = bound_states_for(folder, backend)     # onnxruntime: states bound in place (None: tensors in and out)
     _sync(dev)
     t0 = time.perf_counter()
-    out = backend.run("prefill", feed)
+    if bound is not None:
+        bound.load(feed)
+        out = bound.run("prefill", feed, rows=T if folder.meta.get("generation", {}).get("prefill_logits") == "all"
+                        else N)
+    else:
+        out = backend.run("prefill", feed)
     _sync(dev)
     t_prefill = time.perf_counter() - t0
     logits = out["logits"]
     if logits.shape[0] != N:                      # every token's logits: keep each sequence's last
         logits = logits.index_select(0, (cu[1:].long() - 1).to(logits.device))
     prefill_logits = logits.float().cpu()
-    states = decode_states_after_prefill(folder, out, cu, capacity)
+    states = decode_states_after_prefill(folder, out, cu, capacity) if bound is None else None
     eos = set(folder.eos_token_ids if eos_token_ids is None else eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]
     finished = [False] * N
@@ -189,18 +196,22 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
             rows = torch.tensor(keep, dtype=torch.long)
             alive = [alive[r] for r in keep]
             nxt, positions = nxt[rows.to(nxt.device)], positions[rows.to(positions.device)]
-            states = {k: v.index_select(0, rows.to(v.device)) for k, v in states.items()}
-        feed = {"input_ids": nxt.to(dev), **states}
+            if bound is not None:
+                bound.select(rows)
+            else:
+                states = {k: v.index_select(0, rows.to(v.device)) for k, v in states.items()}
+        feed = {"input_ids": nxt.to(dev), **(states or {})}
         if folder.has_positions:
             feed["positions"] = positions.to(dev)
         _sync(dev)
         t0 = time.perf_counter()
-        out = backend.run("decode", feed)
+        out = backend.run("decode", feed) if bound is None else bound.run("decode", feed)
         _sync(dev)
         t_decode += time.perf_counter() - t0
         steps, produced = steps + 1, produced + len(alive)
         logits = out["logits"]
-        states = {s.decode_input: out[s.decode_output] for s in folder.states}
+        if bound is None:
+            states = {s.decode_input: out[s.decode_output] for s in folder.states}
         positions = positions + 1
     return GenerationResult(tokens, prefill_logits, t_prefill, t_decode, steps, produced, finished, reasons,
                             None if streams is None else [s.text for s in streams], sampler.seed)

@@ -1,0 +1,178 @@
+"""Every layer's state kept on one device and bound to onnxruntime through IOBinding: KV caches updated in place,
+GDN states ping-ponged, nothing copied to or from the host between steps.
+
+A whole hybrid folder's onnxruntime graphs hold one ``com.microsoft::GroupQueryAttention`` per attention layer whose
+past and present caches have one shape ``[B, Hkv, S, D]`` (the sidecar's ``attention.onnxruntime``). Its kernels
+(CPU and CUDA) test whether ``past_key`` and ``present_key`` (and the values) are one buffer: then they write only
+the new rows at each sequence's position and leave the rest of the cache as it is; else they clear the present
+cache and copy the past into it on every call. :class:`BoundStates` binds each KV cache tensor as both the graph
+input and the graph output, so a decode step writes one row per sequence. That is done only where the graph feeds
+the cache input straight into the node's past input and returns the node's present output as the graph output
+(:func:`in_place_caches`): no other op ever reads a buffer that is being written.
+
+GDN conv/recurrent states are read and written by several ops, so input and output never share a buffer: each
+state has two preallocated tensors, one bound as the input and the other as the output, exchanged after every
+call. Logits are written into a preallocated tensor. The tensors are torch tensors on the backend's state device
+(``cpu``, or ``cuda`` under the CUDA provider), bound by pointer, so the same code serves both providers.
+
+Folders whose onnxruntime graphs use the standard-Attention form (head sizes GroupQueryAttention refuses), bf16
+folders on the CPU provider (their graphs are rewritten with casts at the state inputs), pure-GDN ``lm`` folders
+and non-onnxruntime backends keep the tensor-in, tensor-out path: :func:`bound_states_for` returns None for them.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from .folder import ExportFolder, StateSpec
+
+__all__ = ["BoundStates", "bound_states_for", "in_place_caches", "GQA_OP"]
+
+GQA_OP = "com.microsoft::GroupQueryAttention"
+_ONNX_TYPE = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, torch.int64: 7, torch.bool: 9,
+              torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}
+_TORCH_TYPE = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
+
+
+def in_place_caches(path, states: list[StateSpec], graph: str) -> bool:
+    """True when graph file ``path`` feeds every attention state input straight into a GroupQueryAttention's
+    past_key/past_value and returns that node's present_key/present_value as the state's output (both bindable to
+    one buffer) and nothing else reads the cache's data, and every state name is a graph input and output."""
+    import onnx
+    m = onnx.load(str(path), load_external_data=False)
+    g = m.graph
+    ins, outs = {i.name for i in g.input}, {o.name for o in g.output}
+    names = [(s.prefill_input, s.prefill_output) if graph == "prefill" else (s.decode_input, s.decode_output)
+             for s in states]
+    if any(i not in ins or o not in outs for i, o in names):
+        return False
+    pairs = set()
+    for n in g.node:
+        if n.domain == "com.microsoft" and n.op_type == "GroupQueryAttention" and len(n.input) >= 5 \
+                and len(n.output) >= 3:
+            pairs.update({(n.input[3], n.output[1]), (n.input[4], n.output[2])})
+    readers: dict[str, int] = {}                  # nodes reading a tensor's data (Shape/Size read only its shape)
+    for n in g.node:
+        if n.domain in ("", "ai.onnx") and n.op_type in ("Shape", "Size"):
+            continue
+        for x in n.input:
+            readers[x] = readers.get(x, 0) + 1
+    for s, (i, o) in zip(states, names):
+        if s.kind == "attention" and ((i, o) not in pairs or readers.get(i, 0) != 1):
+            return False
+    return True
+
+
+def bound_states_for(folder: ExportFolder, backend) -> Optional["BoundStates"]:
+    """A :class:`BoundStates` for ``backend`` when it is onnxruntime with ``bind_states`` on and the folder's
+    prefill and decode graphs allow in-place caches; None otherwise (the caller keeps tensors in and out)."""
+    if getattr(backend, "name", "") != "onnxruntime" or not getattr(backend, "bind_states", False):
+        return None
+    if getattr(backend, "bf16_cpu", False) or folder.kind != "hybrid" or not folder.prefill_continues:
+        return None
+    attn = (folder.meta.get("attention") or {}).get("onnxruntime")
+    has_attention = any(s.kind == "attention" for s in folder.states)
+    if has_attention and (not attn or attn.get("op") != GQA_OP):
+        return None
+    cache = backend.in_place_graphs             # graph -> in_place_caches(...), checked once per backend
+    for g in ("prefill", "decode"):
+        if g not in cache:
+            cache[g] = in_place_caches(folder.graph_file(g), folder.states, g)
+        if not cache[g]:
+            return None
+    return BoundStates(folder, backend)
+
+
+class BoundStates:
+    """The states of a batch of sequences on the backend's state device, bound to its sessions' inputs/outputs.
+
+    :meth:`load` takes states (by decode input name, as a prefill feed or :meth:`state_dict` gives them),
+    :meth:`run` runs a graph on its other inputs and returns its other outputs (logits, ...), leaving the updated
+    states here; :meth:`select` keeps some batch rows; :meth:`state_dict` returns the current tensors (no copy)."""
+
+    def __init__(self, folder: ExportFolder, backend):
+        self.folder, self.backend = folder, backend
+        self.device = torch.device(getattr(backend, "state_device", "cpu"))
+        self.current: dict[str, Tensor] = {}     # by decode input name
+        self.spare: dict[str, Tensor] = {}       # GDN states: the next call's output buffers
+
+    # ---- state -----------------------------------------------------------------------------------
+    def load(self, states: Mapping[str, Tensor]) -> None:
+        """Take ``states`` (by decode input name; prefill input names are the same in hybrid folders) as the
+        current states. Tensors already on the device and contiguous are used as they are (no copy)."""
+        self.current, self.spare = {}, {}
+        for s in self.folder.states:
+            x = states[s.decode_input] if s.decode_input in states else states[s.prefill_input]
+            x = x.to(self.device).contiguous()
+            self.current[s.decode_input] = x
+            if s.kind != "attention":
+                self.spare[s.decode_input] = torch.empty_like(x)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The current states by decode input name: this object's buffers, not copies (its later runs write
+        into them: clone what must outlive them)."""
+        return dict(self.current)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep batch rows ``rows`` (finished sequences leave the batch)."""
+        rows = rows.to(self.device)
+        self.load({k: v.index_select(0, rows) for k, v in self.current.items()})
+
+    @property
+    def batch(self) -> int:
+        return int(next(iter(self.current.values())).shape[0]) if self.current else 0
+
+    # ---- running -----------------------------------------------------------------------------------
+    def _bind(self, binding, name: str, t: Tensor, output: bool) -> None:
+        dev = t.device
+        args = (name, dev.type, dev.index or 0, _ONNX_TYPE[t.dtype], list(t.shape), t.data_ptr())
+        (binding.bind_output if output else binding.bind_input)(*args)
+
+    def run(self, graph: str, feed: Mapping[str, Tensor], rows: Optional[int] = None) -> dict[str, Tensor]:
+        """Run ``graph`` ("prefill" or "decode") on ``feed`` (its non-state inputs; state inputs in it are
+        ignored) and the current states; the states become the graph's outputs. ``rows``: the logits' first
+        dim (default: the batch). Returns the non-state outputs (logits on the state device, others on the CPU)."""
+        sess = self.backend._open(graph)
+        binding = sess.io_binding()
+        keep = []
+        state_in = {(s.prefill_input if graph == "prefill" else s.decode_input): s for s in self.folder.states}
+        state_out = {(s.prefill_output if graph == "prefill" else s.decode_output): s for s in self.folder.states}
+        for i in sess.get_inputs():
+            if i.name in state_in:
+                s = state_in[i.name]
+                self._bind(binding, i.name, self.current[s.decode_input], False)
+            else:
+                t = feed[i.name].to(self.device).contiguous()
+                keep.append(t)
+                self._bind(binding, i.name, t, False)
+        results: dict[str, Tensor] = {}
+        others = []
+        for o in sess.get_outputs():
+            if o.name in state_out:
+                s = state_out[o.name]
+                buf = self.current[s.decode_input] if s.kind == "attention" else self.spare[s.decode_input]
+                self._bind(binding, o.name, buf, True)
+            elif o.name == "logits" and o.type in _TORCH_TYPE:
+                n = self.batch if rows is None else int(rows)
+                results[o.name] = torch.empty((n, self.folder.vocab_size), dtype=_TORCH_TYPE[o.type],
+                                              device=self.device)
+                self._bind(binding, o.name, results[o.name], True)
+            else:
+                others.append(o.name)
+                binding.bind_output(o.name, self.device.type, self.device.index or 0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)         # inputs written by torch before onnxruntime reads them
+        sess.run_with_iobinding(binding)
+        if self.device.type == "cuda":
+            binding.synchronize_outputs()
+        if others:                                      # outputs other than logits and states (rare)
+            from ..export.runtimes import from_numpy
+            bound = [o.name for o in sess.get_outputs()]
+            for name, v in zip(bound, binding.get_outputs()):
+                if name in others:
+                    results[name] = from_numpy(v.numpy())
+        for k in self.spare:                            # GDN: this call's outputs are the next call's inputs
+            self.current[k], self.spare[k] = self.spare[k], self.current[k]
+        return results
