@@ -2,7 +2,7 @@
 """Write a random Hugging Face Qwen3.5 text checkpoint (config.json + bf16 safetensors shards + index) of a real
 model's shapes, without building the model in memory: tensor names and shapes come from the transformers model
 built on the meta device, and each tensor's bf16 bits are drawn with numpy and appended to its shard chunk by chunk
-(peak memory ~0.4 GB: torch for the shapes; 17.9 GB in a few minutes, mostly disk writes).
+(peak memory ~0.4 GB: torch for the shapes; 17.9 GB in minutes, mostly disk writes).
 
   python scripts/make_random_checkpoint.py qwen3.5-0.8b out/qwen35_08b          # 0.75 B parameters, 1.5 GB
   python scripts/make_random_checkpoint.py qwen3.5-9b out/qwen35_9b             # 8.95 B parameters, 18 GB
