@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write a random Hugging Face Qwen3.5 text checkpoint (config.json + bf16 safetensors shards + index) of a real
 model's shapes, without building the model in memory: tensor names and shapes come from the transformers model
-built on the meta device, and each tensor is drawn, written and freed shard by shard (peak memory about one shard).
+built on the meta device, and each tensor's bf16 bits are drawn with numpy and appended to its shard chunk by chunk
+(peak memory ~0.4 GB: torch for the shapes; 17.9 GB in minutes, mostly disk writes).
 
   python scripts/make_random_checkpoint.py qwen3.5-0.8b out/qwen35_08b          # 0.75 B parameters, 1.5 GB
   python scripts/make_random_checkpoint.py qwen3.5-9b out/qwen35_9b             # 8.95 B parameters, 18 GB
@@ -12,8 +13,10 @@ Configs (the text model of Qwen/Qwen3.5-0.8B and Qwen/Qwen3.5-9B; written as Qwe
                 gate), GDN 16 key / 16 value heads of 128, MLP 3584, vocabulary 248320, tied embeddings
   qwen3.5-9b    hidden 4096, 32 layers (3:1), attention 16 / 4 KV of 256, GDN 16 key / 32 value heads of 128,
                 MLP 12288, vocabulary 248320, separate lm_head
-Values: matrices N(0, 1/fan_in) (embeddings N(0, 0.02)), zero-centred RMSNorm weights near 0, the gated GDN norm
-near 1, A_log = log U(1, 16), dt_bias near 1: finite logits, not a trained model. No tokenizer is written.
+Values: matrices of random bf16 bits with RMS ~1/sqrt(fan_in) (embeddings ~0.02; random sign and mantissa, a
+magnitude spread over 4 binades), zero-centred RMSNorm weights near 0, the gated GDN norm near 1, A_log = log U(1, 16),
+dt_bias near 1: finite logits, not a trained model. Each tensor is deterministic in (--seed, its name). No tokenizer
+is written.
 """
 from __future__ import annotations
 
@@ -22,10 +25,12 @@ import json
 import math
 import os
 import sys
+import struct
 import time
+import zlib
 from pathlib import Path
 
-import torch
+import numpy as np
 
 _COMMON = dict(
     architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_act="silu", attention_bias=False,
@@ -57,6 +62,7 @@ def full_config(name: str, overrides: dict) -> dict:
 
 def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every checkpoint tensor, from the transformers model built on the meta device."""
+    import torch
     import transformers as tf
     cfg = tf.Qwen3_5TextConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
     with torch.device("meta"):
@@ -67,28 +73,71 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...]]]:
     return [(k, tuple(v.shape)) for k, v in sd.items()]
 
 
-def _fill_(out: torch.Tensor, name: str, gen: torch.Generator, rows_per_chunk: int = 4096) -> torch.Tensor:
-    """Fill a bf16 tensor in place, row chunks at a time (no full fp32 copy of a 1 B-element embedding)."""
-    shape = out.shape
+_CHUNK = 1 << 18                  # elements per random draw: 512 KB stays in cache and in malloc's reused memory
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounded to nearest even (small tensors only)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _random_bf16_chunks(n: int, std: float, rng: np.random.Generator):
+    """Yield n bf16 values (uint16 bit patterns, in chunks) drawn straight from random bits: a random sign, a random
+    7-bit mantissa and an exponent of E - k with k uniform in 0..3, i.e. |x| in [2^(E-3), 2^(E+1)) with the root
+    mean square 0.88 * 2^E; E is the power of two that puts it nearest `std` (within a factor sqrt(2)). No float
+    arithmetic; the yielded buffer is reused, so consume each chunk before the next."""
+    top = np.uint16((127 + round(math.log2(std / 0.88))) << 7)   # biased exponent E in bits 14..7
+    k = np.empty(_CHUNK, dtype=np.uint16)
+    for a in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - a)
+        r = rng.integers(0, (1 << 64) - 1, size=-(-m // 4), dtype=np.uint64, endpoint=True).view(np.uint16)[:m]
+        km = np.bitwise_and(r, np.uint16(0x0180), out=k[:m])    # two random exponent bits: k << 7
+        r &= np.uint16(0x807F)                                   # keep the random sign and mantissa
+        r |= top
+        r -= km                                                  # exponent E - k (E >= 3: no borrow into the sign)
+        yield r
+
+
+def tensor_chunks(name: str, shape: tuple[int, ...], seed: int):
+    """The bf16 bit patterns (uint16) of one tensor, flat, in chunks; deterministic in (seed, name) whatever the
+    sharding. Matrices: random bits of RMS ~1/sqrt(fan_in) (embeddings ~0.02); zero-centred RMSNorm weights
+    0.1 N(0, 1); the gated GDN norm and dt_bias 1 + 0.1 N(0, 1); A_log = log U(1, 16)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    n = math.prod(shape)
     if name.endswith("A_log"):
-        return out.copy_(torch.empty(shape).uniform_(1, 16, generator=gen).log())
-    if name.endswith("dt_bias"):
-        return out.copy_(1 + 0.1 * torch.randn(shape, generator=gen))
-    if name.endswith("linear_attn.norm.weight"):            # the gated GDN norm multiplies by w
-        return out.copy_(1 + 0.1 * torch.randn(shape, generator=gen))
-    if len(shape) == 1:                                      # zero-centred RMSNorms: (1 + w)
-        return out.copy_(0.1 * torch.randn(shape, generator=gen))
-    std = 0.02 if "embed_tokens" in name else 1 / math.sqrt(math.prod(shape[1:]))
-    flat = out.view(shape[0], -1)
-    for r in range(0, shape[0], rows_per_chunk):
-        rows = flat[r:r + rows_per_chunk]
-        rows.copy_(std * torch.randn(rows.shape, generator=gen))
-    return out
+        yield _bf16_bits(np.log(rng.uniform(1, 16, n)))
+    elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):  # the gated GDN norm multiplies by w
+        yield _bf16_bits(1 + 0.1 * rng.standard_normal(n))
+    elif len(shape) == 1:                                    # zero-centred RMSNorms: (1 + w)
+        yield _bf16_bits(0.1 * rng.standard_normal(n))
+    else:
+        yield from _random_bf16_chunks(n, 0.02 if "embed_tokens" in name else 1 / math.sqrt(math.prod(shape[1:])),
+                                       rng)
+
+
+def write_safetensors(path: Path, specs: list[tuple[str, tuple[int, ...]]], seed: int) -> int:
+    """Write one bf16 safetensors file tensor by tensor (header first, then each tensor drawn and appended chunk by
+    chunk: a few MB of memory), atomically (a .tmp renamed). Returns the bytes of tensor data."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in specs:
+        nbytes = math.prod(shape) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)                          # the data starts 8-byte aligned, as safetensors does
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for name, shape in specs:
+            for chunk in tensor_chunks(name, shape, seed):
+                f.write(memoryview(chunk).cast("B"))
+    os.replace(tmp, path)
+    return offset
 
 
 def write_checkpoint(config: dict, outdir: Path, *, shard_bytes: int = 2 << 30, seed: int = 0,
                      say=print) -> dict:
-    from safetensors.torch import save_file
     outdir.mkdir(parents=True, exist_ok=True)
     specs = tensor_specs(config)
     total = sum(math.prod(s) * 2 for _, s in specs)
@@ -101,17 +150,11 @@ def write_checkpoint(config: dict, outdir: Path, *, shard_bytes: int = 2 << 30, 
             size = 0
         shards[-1].append((name, shape))
         size += nbytes
-    gen = torch.Generator().manual_seed(seed)
     weight_map, t0, done = {}, time.perf_counter(), 0
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: _fill_(torch.empty(shape, dtype=torch.bfloat16), name, gen) for name, shape in shard}
-        tmp = outdir / (fname + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, outdir / fname)
-        done += sum(t.numel() * 2 for t in tensors.values())
-        weight_map.update({name: fname for name in tensors})
-        del tensors
+        done += write_safetensors(outdir / fname, shard, seed)
+        weight_map.update({name: fname for name, _ in shard})
         say(f"  shard {i + 1}/{len(shards)}: {fname} ({done / 1e9:.2f} of {total / 1e9:.2f} GB, "
             f"{time.perf_counter() - t0:.0f} s)")
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

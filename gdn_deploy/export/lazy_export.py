@@ -82,6 +82,8 @@ def attach_lazy_initializers(ir_model: Any, loaders: Mapping[str, Callable[[], t
     import onnx_ir as ir
     from torch.onnx._internal.exporter._core import TorchTensor
 
+    from .stream_weights import SOURCE_KEY
+
     def value(name: str, fn: Callable[[], torch.Tensor]):
         return TorchTensor(fn().contiguous(), name=name)
 
@@ -89,8 +91,12 @@ def attach_lazy_initializers(ir_model: Any, loaders: Mapping[str, Callable[[], t
     for name, v in ir_model.graph.initializers.items():
         const = v.const_value
         if name in loaders:
-            v.const_value = ir.LazyTensor(functools.partial(value, name, loaders[name]), dtype=const.dtype,
+            fn = loaders[name]
+            v.const_value = ir.LazyTensor(functools.partial(value, name, fn), dtype=const.dtype,
                                           shape=const.shape, name=name)
+            if isinstance(fn, functools.partial):   # lazy.load(checkpoint name, dtype): written once per export
+                v.const_value.meta[SOURCE_KEY] = ("checkpoint", id(getattr(fn.func, "__self__", fn.func)),
+                                                  *map(str, fn.args))
             n += 1
             continue
         raw = getattr(const, "raw", None)

@@ -29,6 +29,7 @@ from torch import Tensor
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.gdn.*)
 from ..spec import COMMIT, DECODE, PREFILL, SPEC, STATE_POOL, VERIFY, contract_error
 from .onnx_functions import BODIES, DEFAULT_BODY, MIN_OPSET, add_function_bodies
+from .onnx_optimize import linear_multi_output_matching
 from ..onnx_nodes import gdn_nodes, stamp_plugin_attributes
 from .onnx_schemas import register_schemas
 
@@ -315,16 +316,16 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         raise ValueError("lazy_initializers: the weights are streamed to disk; pass a path and external_data=True")
     stage(f"translating {label} to ONNX")
     try:
-        with _reuse_torchlib_registry():
+        with _reuse_torchlib_registry(), linear_multi_output_matching():
             prog = torch.onnx.export(ep, args, kwargs=kwargs or None, dynamo=True, custom_translation_table=table,
                                      dynamic_shapes=dynamic_shapes, input_names=input_names,
                                      output_names=output_names, opset_version=opset,
                                      verbose=False, optimize=lazy_initializers is None)
-        if lazy_initializers is not None:
-            from .lazy_export import attach_lazy_initializers
-            attach_lazy_initializers(prog.model, lazy_initializers)
-            stage(f"optimizing {label} (constant folding)")
-            prog.optimize()              # constant folding now reads the real (small) values
+            if lazy_initializers is not None:
+                from .lazy_export import attach_lazy_initializers
+                attach_lazy_initializers(prog.model, lazy_initializers)
+                stage(f"optimizing {label} (constant folding)")
+                prog.optimize()              # constant folding now reads the real (small) values
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"gdn export: ONNX translation failed ({type(e).__name__}): {_short(e)}") from e
     streamed = external_data and path is not None

@@ -6,7 +6,9 @@ least :data:`~.weights_file.INLINE_BYTES` bytes is materialised (a lazily loaded
 now), appended to the :class:`~.weights_file.WeightsWriter` unless the same bytes are already there, released, and
 replaced in the model by an external reference into that file. The folder's ``weights.data`` is thereby written
 once, whatever the number of graphs: an export needs the weights' size on disk once (not once per graph plus the
-shared copy), and resident memory holds one tensor at a time.
+shared copy), and resident memory holds one tensor at a time. A tensor whose ``meta[SOURCE_KEY]`` names its source
+(a lazily exported parameter: checkpoint name and dtype) is read once per export: the next graph holding the same
+source points at the range already written without reading the checkpoint again.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from .weights_file import INLINE_BYTES, WeightsWriter
 
-__all__ = ["save_streamed"]
+__all__ = ["save_streamed", "SOURCE_KEY"]
 
 
 def _buffer(tensor: Any) -> memoryview | bytes:
@@ -31,6 +33,14 @@ def _buffer(tensor: Any) -> memoryview | bytes:
     if arr.dtype.byteorder == ">" or len(buf) != tensor.nbytes:
         return tensor.tobytes()
     return buf
+
+
+SOURCE_KEY = "gdn_source"      # tensor.meta[SOURCE_KEY]: where its bytes come from (lazy_export: checkpoint name, dtype)
+
+
+def _source(tensor: Any) -> object:
+    meta = getattr(tensor, "meta", None)
+    return meta.get(SOURCE_KEY) if meta is not None else None
 
 
 def save_streamed(ir_model: Any, path: str | os.PathLike, writer: WeightsWriter, *,
@@ -52,9 +62,14 @@ def save_streamed(ir_model: Any, path: str | os.PathLike, writer: WeightsWriter,
         if isinstance(t, ir.ExternalTensor) and Path(t.path).resolve() == writer.path.resolve():
             done += t.nbytes
             continue
-        buf = _buffer(t)
-        offset, length = writer.add(buf)
-        del buf
+        source = _source(t)
+        hit = writer.source_range(source)
+        if hit is not None:            # e.g. the decode graph's copy of a checkpoint tensor prefill already wrote
+            offset, length = hit
+        else:
+            buf = _buffer(t)
+            offset, length = writer.add(buf, source=source)
+            del buf
         v.const_value = ir.ExternalTensor(writer.name, offset, length, t.dtype, shape=t.shape,
                                           name=v.name, base_dir=str(folder))
         done += t.nbytes

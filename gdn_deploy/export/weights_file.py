@@ -60,6 +60,7 @@ class WeightsWriter:
         self.path = Path(path)
         self._fh = open(self.path, "wb")
         self.seen: dict[bytes, tuple[int, int]] = {}
+        self.sources: dict[object, tuple[int, int]] = {}   # a tensor's source (e.g. its checkpoint name) -> range
         self.offset = 0
         self.written = 0               # bytes of tensor data written (without padding)
 
@@ -67,10 +68,18 @@ class WeightsWriter:
     def name(self) -> str:
         return self.path.name
 
-    def add(self, data: bytes | memoryview) -> tuple[int, int]:
+    def source_range(self, source: object) -> tuple[int, int] | None:
+        """The range of the tensor added with this ``source`` key, if any (so a caller can skip materialising it)."""
+        return self.sources.get(source) if source is not None else None
+
+    def add(self, data: bytes | memoryview, source: object = None) -> tuple[int, int]:
+        """Append ``data`` unless the same bytes are there; ``source`` (hashable, optional) names where the bytes come
+        from, for :meth:`source_range`: the same source must always give the same bytes."""
         key = hashlib.sha256(data).digest() + len(data).to_bytes(8, "little")
         hit = self.seen.get(key)
         if hit is not None:
+            if source is not None:
+                self.sources[source] = hit
             return hit
         if len(data) >= _ALIGN_FROM and self.offset % ALIGN_BYTES:
             pad = ALIGN_BYTES - self.offset % ALIGN_BYTES
@@ -78,6 +87,8 @@ class WeightsWriter:
             self.offset += pad
         self._fh.write(data)
         self.seen[key] = (self.offset, len(data))
+        if source is not None:
+            self.sources[source] = self.seen[key]
         self.offset += len(data)
         self.written += len(data)
         return self.seen[key]

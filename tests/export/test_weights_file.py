@@ -214,3 +214,44 @@ def test_streamed_weights_equal_the_shared_copy(exported, tmp_path):
     for stage in ("tracing prefill", "translating decode to ONNX", "writing weights of prefill"):
         assert f"gdn-export: {stage}" in text, text[-2000:]
     assert "%)" in text                       # bytes done / total
+
+
+def test_streamed_sources_are_read_once(tmp_path):
+    """A lazily loaded initializer (onnx_ir.LazyTensor with meta[SOURCE_KEY], as lazy_export attaches) is read once
+    per export: the second graph holding the same source points at the range the first one wrote, without calling
+    the loader; other sources with the same bytes still share by content; the files hold the right bytes."""
+    import onnx_ir as ir
+    from gdn_deploy.export.stream_weights import SOURCE_KEY, save_streamed
+    from gdn_deploy.export.weights_file import WeightsWriter
+    rng = np.random.default_rng(seed_for("streamed_sources"))
+    values = {"a": rng.standard_normal((32, 32)).astype(np.float32),
+              "b": rng.standard_normal((32, 32)).astype(np.float32)}
+    values["c"] = values["b"].copy()                      # other source, same bytes
+    calls = {k: 0 for k in values}
+
+    def loader(k):
+        calls[k] += 1
+        return ir.tensor(values[k], name=k)
+
+    def model(order):
+        proto = _matmul_model({k: values[k] for k in order}, order)
+        m = ir.from_proto(proto)
+        for k in order:
+            v = m.graph.initializers[k]
+            v.const_value = ir.LazyTensor(lambda k=k: loader(k), dtype=ir.DataType.FLOAT, shape=ir.Shape([32, 32]),
+                                          name=k)
+            v.const_value.meta[SOURCE_KEY] = ("test", k)
+        return m
+
+    with WeightsWriter(tmp_path / WEIGHTS_FILE) as writer:
+        save_streamed(model(["a", "b"]), tmp_path / "g1.onnx", writer)
+        save_streamed(model(["b", "a", "c"]), tmp_path / "g2.onnx", writer)
+    assert calls == {"a": 1, "b": 1, "c": 1}
+    assert (tmp_path / WEIGHTS_FILE).stat().st_size == 2 * 32 * 32 * 4          # a and b once; c shares b's bytes
+    x = rng.standard_normal((3, 32)).astype(np.float32)
+    for name, order in (("g1.onnx", "ab"), ("g2.onnx", "bac")):
+        got = ort.InferenceSession(str(tmp_path / name)).run(None, {"x": x})[0]
+        want = x.astype(np.float64)
+        for k in order:
+            want = want @ values[k]
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
