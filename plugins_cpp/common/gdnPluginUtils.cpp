@@ -419,26 +419,13 @@ void requireLaunched(cudaError_t err, char const* launcher)
 }
 
 // ---------------------------------------------------------------- inputs
-InputLayout prefillLayout(GdnAttrs const& a) noexcept
+namespace
 {
-    InputLayout L;
-    L.cuSeqlens = 5;
-    L.state = 6;
-    L.nbInputs = spec::kGatedDeltaPrefillNumFixedInputs;
-    if (a.gateMode == spec::kGateRaw)
-    {
-        L.aLog = L.nbInputs++;
-        L.dtBias = L.nbInputs++;
-    }
-    return L;
-}
-
-InputLayout decodeLayout(GdnAttrs const& a) noexcept
+// The inputs after an op's fixed ones, in the contract's order: the pool's slots (ops with a slot input, pool mode),
+// then A_log and dt_bias (raw gates).
+InputLayout withOptionalInputs(InputLayout L, GdnAttrs const& a, bool poolSlots) noexcept
 {
-    InputLayout L;
-    L.state = 5;
-    L.nbInputs = spec::kGatedDeltaDecodeNumFixedInputs;
-    if (a.stateMode == spec::kStatePool)
+    if (poolSlots && a.stateMode == spec::kStatePool)
     {
         L.slots = L.nbInputs++;
     }
@@ -448,6 +435,24 @@ InputLayout decodeLayout(GdnAttrs const& a) noexcept
         L.dtBias = L.nbInputs++;
     }
     return L;
+}
+} // namespace
+
+InputLayout prefillLayout(GdnAttrs const& a) noexcept
+{
+    InputLayout L;
+    L.cuSeqlens = 5;
+    L.state = 6;
+    L.nbInputs = spec::kGatedDeltaPrefillNumFixedInputs;
+    return withOptionalInputs(L, a, /*poolSlots=*/false);
+}
+
+InputLayout decodeLayout(GdnAttrs const& a) noexcept
+{
+    InputLayout L;
+    L.state = 5;
+    L.nbInputs = spec::kGatedDeltaDecodeNumFixedInputs;
+    return withOptionalInputs(L, a, /*poolSlots=*/true);
 }
 
 InputLayout verifyLayout(GdnAttrs const& a) noexcept
@@ -456,16 +461,7 @@ InputLayout verifyLayout(GdnAttrs const& a) noexcept
     L.cuSeqlens = 5;
     L.state = 6;
     L.nbInputs = spec::kGatedDeltaVerifyNumFixedInputs;
-    if (a.stateMode == spec::kStatePool)
-    {
-        L.slots = L.nbInputs++;
-    }
-    if (a.gateMode == spec::kGateRaw)
-    {
-        L.aLog = L.nbInputs++;
-        L.dtBias = L.nbInputs++;
-    }
-    return L;
+    return withOptionalInputs(L, a, /*poolSlots=*/true);
 }
 
 char const* prefillInputName(int32_t i) noexcept
