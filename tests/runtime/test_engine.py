@@ -60,7 +60,9 @@ def test_decode_attention_torch_matches_float64(gen, L, S):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pool_step_equals_forward_decode(family, gen, tmp_path):
     """Ragged prompts (1, 6, 11 tokens) prefilled into slots 0..2, then steps with the batch in a scrambled
-    slot order: logits equal forward_decode's on the same tokens (float32, same ops up to attention's sums)."""
+    slot order: logits equal forward_decode's on the same tokens (float32, same ops up to attention's sums and the
+    MoE rows' order in the expert GEMMs: norm-relative differences up to 1.2e-5 were seen on a loaded 2-core CPU,
+    while a wrong slot or position gives O(1))."""
     _, model = _load(family, gen, tmp_path)
     V = model.hybrid_config.vocab_size
     prompts = _prompts(gen, [1, 6, 11], V)
@@ -79,7 +81,7 @@ def test_pool_step_equals_forward_decode(family, gen, tmp_path):
         with torch.no_grad():
             ref, states = model.forward_decode(nxt, positions, states)
         got = eng.step([slots[i] for i in order], nxt[order])
-        assert rel_err(got, ref[order]) < 1e-5, family
+        assert rel_err(got, ref[order]) < 1e-4, family
         positions = positions + 1
 
 
