@@ -12,7 +12,6 @@ Prefill time is that of ``append_tokens`` (one prompt); decode time is that of `
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -20,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime_genai as og
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # the repository, for its one-line parser only
+from gdn_deploy.cli_util import OneLineParser  # noqa: E402
 
 
 def _set_threads(model_dir: Path, threads: int) -> None:
@@ -39,7 +41,7 @@ def _generator(model, batch: int, max_length: int):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = OneLineParser(prog="genai_runner.py")
     ap.add_argument("model_dir")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
