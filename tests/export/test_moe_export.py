@@ -195,8 +195,11 @@ def test_whole_model_prefill_equals_routed_pytorch_and_hf(tmp_path_factory, gen)
             hf_last = torch.stack([hf(input_ids=ids[None, int(a):int(b)]).logits[0, -1]
                                    for a, b in zip(cu[:-1], cu[1:])])
         got = torch.from_numpy(outs[0])
-        assert rel_err(got, logits) <= 1e-5, (lens, rel_err(got, logits))
+        # float32 on both sides, but the graph's grouped experts and the routed model sum the k experts' rows in a
+        # different order, through every layer: 1.2e-5 was seen on CI's CPU at [64, 65, 1, 30] (state 7). A wrong
+        # expert, slot or position is O(1e-1); 1e-4 is the bound the whole-model tests use against HF.
+        assert rel_err(got, logits) <= 1e-4, (lens, rel_err(got, logits))
         assert rel_err(got, hf_last) <= 1e-4, (lens, rel_err(got, hf_last))
         flat = [t for s in states for t in s]
         for i, (o, s) in enumerate(zip(outs[1:], flat)):
-            assert rel_err(torch.from_numpy(o), s.float()) <= 1e-5, (lens, i)
+            assert rel_err(torch.from_numpy(o), s.float()) <= 1e-4, (lens, i, rel_err(torch.from_numpy(o), s.float()))

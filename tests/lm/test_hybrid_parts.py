@@ -99,7 +99,8 @@ def test_moe_modes_agree_and_routed_runs_only_chosen_experts(norm, gen):
         for impl in ("routed", "gather", "dense"):
             moe.impl = impl
             out[impl] = moe(x)
-        assert rel_err(out["gather"], out["routed"]) < 1e-6 and rel_err(out["dense"], out["routed"]) < 1e-6
+        # float32, the experts' rows summed in another order per form (2.6e-7 seen); a wrong expert or weight is O(1)
+        assert rel_err(out["gather"], out["routed"]) < 4e-6 and rel_err(out["dense"], out["routed"]) < 4e-6
         idx, _ = moe.route(x)
         unused = sorted(set(range(8)) - set(idx.flatten().tolist()))
         if unused:                      # poisoned experts nobody chose must not reach the routed result
