@@ -1,0 +1,355 @@
+"""Layer stamping: export a hybrid LM's prefill / decode graph by tracing a prefix of its layers and cloning
+each later layer's node block from a traced layer of the same kind.
+
+Tracing, translating and optimizing a graph cost time in proportion to its node count, so a 32-layer model took
+8x a 4-layer one. A decoder layer's nodes depend only on its kind, so this module:
+
+1. picks the shortest prefix of the layers in which every layer signature (``layer_types[i]``, ``mlp_types[i]``,
+   post-norm, the layer's parameter names and shapes) that occurs later appears twice (once if the model has it
+   once); a layer ``i`` past the prefix takes as template the last prefix layer ``t`` of its signature;
+2. exports the prefix model (the same modules, so the same parameter and state names) with a marker node
+   ``gdn_stamp::LayerEnd(h, layer=j)`` on each layer's output hidden state, through the usual pipeline
+   (``torch.export``, translation, optimizer);
+3. on the optimized ``onnx_ir`` model, tags every value with the layer it depends on (a layer's parameters and
+   state inputs; a marker's output counts as the next layer's input), so the nodes of layer ``t`` are exactly those
+   tagged ``t``; values tagged with no layer (pure functions of ``input_ids``, ``cu_seqlens``, ``positions``,
+   ``pad_index``, the shapes of inputs and shared constants, e.g. RoPE tables and conv gather indices, which the
+   optimizer computed once for all layers) are shared, as in the fully traced graph;
+4. for each ``i`` past the prefix, clones template ``t``'s nodes (attributes shared, values renamed), reading
+   layer ``i``'s hidden input, state inputs (``*_{i}``) and parameters (``...layers.{i}....``, from the module or,
+   for a lazy export, the checkpoint), writing its state outputs (``*_out_{i}``); then moves the final norm and
+   head after the last layer and removes the markers.
+
+The check that makes this sound: template ``t``'s nodes may read only shared values, its own layer's values, its
+own parameters / states and the previous layer's hidden state, and the head only shared values and the last
+hidden state (anything else, e.g. a constant the optimizer folded out of one layer's weights, stops stamping with
+a one-line reason and the graph is traced in full). ``tests/export/test_layer_stamping.py`` compares stamped and
+fully traced graphs node by node and on onnxruntime for every family.
+
+``GDN_EXPORT_STAMP=0`` (or ``ExportOptions(stamp=False)``) traces every layer.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["StampPlan", "stamp_plan", "stamping_enabled", "marked_layers", "LAYER_END", "layer_end_translations",
+           "stamp_layers", "NotStampable"]
+
+LAYER_END = ("gdn_stamp", "LayerEnd")
+_LAYER_PARAM = re.compile(r"^net\.layers\.(\d+)\.(.*)$")
+_STATE_NAME = re.compile(r"^(.*)_(\d+)$")
+
+
+class NotStampable(Exception):
+    """The model's layers do not fit the stamping assumptions (the message says why)."""
+    stamping_refused = True
+
+
+def stamping_enabled(option: bool = True) -> bool:
+    return bool(option) and os.environ.get("GDN_EXPORT_STAMP", "1").strip().lower() not in ("0", "off", "false",
+                                                                                             "no")
+
+
+# ---- the marker op --------------------------------------------------------------------------------
+@torch.library.custom_op("gdn_stamp::layer_end", mutates_args=())
+def layer_end(h: Tensor, layer: int) -> Tensor:
+    """Identity on a layer's output hidden state (export only: marks the layer boundary in the traced graph)."""
+    return h.clone()
+
+
+@layer_end.register_fake
+def _(h, layer):
+    return h.new_empty(h.shape)
+
+
+def _register_schema() -> None:
+    import onnx
+    from onnx.defs import OpSchema
+    if onnx.defs.has(LAYER_END[1], LAYER_END[0]):
+        return
+    schema = OpSchema(LAYER_END[1], LAYER_END[0], 1, "export-time layer boundary (removed before saving)",
+                      inputs=[OpSchema.FormalParameter("h", "T")], outputs=[OpSchema.FormalParameter("y", "T")],
+                      type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "")],
+                      attributes=[OpSchema.Attribute("layer", OpSchema.AttrType.INT, "layer index")])
+    schema.set_type_and_shape_inference_function(_infer_identity)
+    onnx.defs.register_schema(schema)
+
+
+def _infer_identity(ctx) -> None:
+    ctx.set_output_type(0, ctx.get_input_type(0))
+
+
+def _layer_end_translation(h, layer: int):
+    import onnxscript
+    _register_schema()
+    return onnxscript.values.Opset(LAYER_END[0], 1).LayerEnd(h, layer=layer)
+
+
+def layer_end_translations() -> dict:
+    return {torch.ops.gdn_stamp.layer_end.default: _layer_end_translation}
+
+
+# ---- which layers are traced, which stamped ----------------------------------------------------------
+@dataclass
+class StampPlan:
+    prefix: int                     # layers 0..prefix-1 are traced
+    templates: dict[int, int]       # layer i >= prefix -> the traced layer t whose nodes it clones
+    num_layers: int
+
+
+def _signature(layer: nn.Module) -> tuple:
+    params = tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters(remove_duplicate=False))
+    return (type(layer).__name__, getattr(layer, "layer_type", None), getattr(layer, "post_norm", None),
+            type(getattr(layer, "mlp", None)).__name__, params)
+
+
+def stamp_plan(net: nn.Module) -> StampPlan:
+    """The prefix to trace and each later layer's template; raises :class:`NotStampable` when nothing repeats."""
+    layers = getattr(net, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not hasattr(net, "hybrid_config"):
+        raise NotStampable("not a hybrid LM with a layer list")
+    sigs = [_signature(layer) for layer in layers]
+    n = len(sigs)
+    total = {s: sigs.count(s) for s in set(sigs)}
+    seen: dict = {}
+    prefix = n
+    for k, s in enumerate(sigs):
+        if all(seen.get(x, 0) >= min(c, 2) for x, c in total.items()):
+            prefix = k
+            break
+        seen[s] = seen.get(s, 0) + 1
+    if prefix >= n:
+        raise NotStampable(f"no layer repeats past a traced prefix ({n} layers)")
+    templates = {i: max(t for t in range(prefix) if sigs[t] == sigs[i]) for i in range(prefix, n)}
+    return StampPlan(prefix, templates, n)
+
+
+def prefix_model(net: nn.Module, prefix: int) -> nn.Module:
+    """A shallow copy of ``net`` holding its first ``prefix`` layers (the same modules, names and parameters)."""
+    small = copy.copy(net)
+    small._modules = dict(net._modules)
+    small._parameters = dict(net._parameters)
+    small._buffers = dict(net._buffers)
+    small.layers = nn.ModuleList(list(net.layers)[:prefix])
+    c = net.hybrid_config
+    small.hybrid_config = dataclasses.replace(c, layer_types=list(c.layer_types[:prefix]),
+                                              mlp_types=list(c.mlp_types[:prefix]))
+    return small
+
+
+@contextlib.contextmanager
+def marked_layers(net: nn.Module):
+    """While active, each layer's ``prefill`` / ``decode`` passes its output hidden state through ``layer_end``."""
+    patched = []
+
+    def wrap(layer, j, fn):
+        def call(*args, **kwargs):
+            h, state = fn(*args, **kwargs)
+            return torch.ops.gdn_stamp.layer_end(h, j), state
+        return call
+
+    try:
+        for j, layer in enumerate(net.layers):
+            for name in ("prefill", "decode"):
+                setattr(layer, name, wrap(layer, j, getattr(layer, name)))   # instance attribute: shadows the method
+                patched.append((layer, name))
+        yield
+    finally:
+        for layer, name in patched:
+            layer.__dict__.pop(name, None)
+
+
+# ---- stamping the optimized ONNX IR --------------------------------------------------------------------
+def _layer_of_param(name: str) -> int | None:
+    m = _LAYER_PARAM.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _renamed_param(name: str, layer: int) -> str:
+    m = _LAYER_PARAM.match(name)
+    return f"net.layers.{layer}.{m.group(2)}"
+
+
+def _renamed_state(name: str, layer: int) -> str:
+    return f"{_STATE_NAME.match(name).group(1)}_{layer}"
+
+
+def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
+                 make_initializer: Callable[[str, Any], Any]) -> int:
+    """Turn the optimized prefix graph ``model`` (``onnx_ir.Model`` with ``LayerEnd`` markers) into the whole
+    model's graph in place. ``state_layers``: state input / output name -> layer; ``make_initializer(name,
+    template_value)`` returns the tensor of initializer ``name`` (a later layer's parameter). Returns the number
+    of nodes added; raises :class:`NotStampable` when a template reads what it may not."""
+    import onnx_ir as ir
+    graph = model.graph
+    markers: dict[int, Any] = {}
+    for node in graph:
+        if (node.domain, node.op_type) == LAYER_END:
+            markers[int(node.attributes["layer"].value)] = node
+    P = plan.prefix
+    if sorted(markers) != list(range(P)):
+        raise NotStampable(f"expected {P} layer markers, found {sorted(markers)}")
+    for node in graph:
+        for a in node.attributes.values():
+            if a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                raise NotStampable(f"node {node.op_type} holds a subgraph")
+
+    tag: dict[int, int | None] = {}        # id(value) -> layer (None: shared)
+    graph_inputs = {id(v) for v in graph.inputs}
+    for v in graph.inputs:
+        tag[id(v)] = state_layers.get(v.name)
+    for name, v in graph.initializers.items():
+        tag[id(v)] = _layer_of_param(name)
+    owner: dict[int, int | None] = {}      # id(node) -> layer it belongs to (None: shared; P: the head)
+    for node in graph:
+        if (node.domain, node.op_type) == LAYER_END:
+            j = int(node.attributes["layer"].value)
+            owner[id(node)] = j
+            tag[id(node.outputs[0])] = j + 1
+            continue
+        if node.op_type == "Shape" and node.inputs and id(node.inputs[0]) in graph_inputs:
+            t = None                       # an input's shape: the same for every layer's state
+        else:
+            ts = [tag.get(id(v)) for v in node.inputs if v is not None]
+            ts = [x for x in ts if x is not None]
+            t = max(ts) if ts else None
+        owner[id(node)] = t
+        for o in node.outputs:
+            tag[id(o)] = t
+
+    def check_reads(node, layer: int):
+        for v in node.inputs:
+            if v is None:
+                continue
+            t = tag.get(id(v))
+            if t is None or t == layer:
+                continue
+            raise NotStampable(f"a node {node.op_type} of layer {layer} reads {v.name!r} of layer {t}")
+
+    blocks: dict[int, list] = {j: [] for j in range(P + 1)}
+    for node in graph:
+        j = owner[id(node)]
+        if j is not None and (node.domain, node.op_type) != LAYER_END:
+            blocks[j].append(node)
+    for t in set(plan.templates.values()):
+        for node in blocks[t]:
+            check_reads(node, t)
+    for node in blocks[P]:
+        check_reads(node, P)
+
+    outputs_by_value = {id(v): k for k, v in enumerate(graph.outputs)}
+    head_outputs = [v for v in graph.outputs if state_layers.get(v.name) is None]
+    state_outputs = [v for v in graph.outputs if state_layers.get(v.name) is not None]
+    # the head and what only it reads come after the last marker: moved after the stamped layers
+    nodes = list(graph)
+    last = nodes.index(markers[P - 1])
+    tail = [n for n in nodes[last + 1:] if owner[id(n)] in (None, P)]
+    if any(owner[id(n)] == P for n in nodes[:last]):
+        raise NotStampable("the head's nodes come before the last layer's end")
+    for node in tail:
+        graph.remove(node)
+    hidden = markers[P - 1].inputs[0]
+    new_inputs, new_outputs = [], []
+    added = 0
+    for i in range(P, plan.num_layers):
+        t = plan.templates[i]
+        if t < 1:
+            raise NotStampable(f"layer {i} would clone layer 0 (its input is the embedding)")
+        env: dict[int, Any] = {id(markers[t - 1].outputs[0]): hidden}
+        for v in graph.inputs:
+            if state_layers.get(v.name) == t:
+                nv = ir.Value(name=_renamed_state(v.name, i), shape=v.shape, type=v.type)
+                env[id(v)] = nv
+                new_inputs.append(nv)
+        for name, v in list(graph.initializers.items()):
+            if _layer_of_param(name) == t:
+                new_name = _renamed_param(name, i)
+                nv = ir.Value(name=new_name, shape=v.shape, type=v.type,
+                              const_value=make_initializer(new_name, v))
+                graph.register_initializer(nv)
+                env[id(v)] = nv
+        for node in blocks[t]:
+            ins = [None if v is None else env.get(id(v), v) for v in node.inputs]
+            attrs = [ir.Attr(a.name, a.type, a.value, a.ref_attr_name, doc_string=a.doc_string)
+                     for a in node.attributes.values()]
+            new = ir.Node(node.domain, node.op_type, ins, attrs, overload=node.overload,
+                          num_outputs=len(node.outputs), version=node.version,
+                          name=f"{node.name}__layer{i}" if node.name else None, doc_string=node.doc_string,
+                          metadata_props=dict(node.metadata_props))
+            for o, no in zip(node.outputs, new.outputs):
+                no.type = o.type
+                no.shape = o.shape.copy() if o.shape is not None else None
+                if id(o) in outputs_by_value:
+                    no.name = _renamed_state(o.name, i)
+                    new_outputs.append(no)
+                else:
+                    no.name = f"{o.name}__layer{i}"
+                env[id(o)] = no
+            graph.append(new)
+            added += 1
+        hidden = env[id(markers[t].inputs[0])]
+    last_marker_out = markers[P - 1].outputs[0]
+    for node in tail:
+        for k, v in enumerate(node.inputs):
+            if v is last_marker_out:
+                node.replace_input_with(k, hidden)
+        graph.append(node)
+    for j in sorted(markers, reverse=True):
+        m = markers[j]
+        m.outputs[0].replace_all_uses_with(m.inputs[0])
+        graph.remove(m, safe=True)
+    graph.inputs.extend(new_inputs)
+    graph.outputs.clear()
+    graph.outputs.extend([*head_outputs, *state_outputs, *new_outputs])
+    return added
+
+
+def parameter_tensor(module: nn.Module, loaders: dict[str, Callable[[], Tensor]] | None) -> Callable[[str, Any], Any]:
+    """``make_initializer`` for :func:`stamp_layers`: the parameter of ``module`` (the full plan module) named
+    ``name``, or with ``loaders`` (a lazy export) a tensor that reads it from the checkpoint when written."""
+    from torch.onnx._internal.exporter._core import TorchTensor
+    params = dict(module.named_parameters(remove_duplicate=False))
+
+    def make(name: str, template):
+        if loaders is not None:
+            from .lazy_export import lazy_tensor
+            return lazy_tensor(name, loaders[name], template.const_value)
+        p = params.get(name)
+        if p is None:
+            raise NotStampable(f"no parameter {name!r} in the model")
+        return TorchTensor(p.detach(), name=name)
+
+    return make
+
+
+def stamp_setup(plan: Any, target: Any, make_plan: Callable[[Any, str], Any], log: Callable[[str], None]):
+    """For the whole model's graph ``plan``: (the prefix model's plan, the IR transform that stamps the other
+    layers, the prefix target). Raises :class:`NotStampable` when the layers do not repeat."""
+    from .hybrid_graphs import hybrid_state_specs
+    from .lazy_export import is_lazy, lazy_initializers
+    from .targets import ExportTarget
+    net = target.module
+    sp = stamp_plan(net)
+    small = ExportTarget(prefix_model(net, sp.prefix), target.kind, target.source, target.all_logits,
+                         target.mtp_head)
+    traced = make_plan(small, plan.name)
+    state_layers = {s[k]: s["layer"] for s in hybrid_state_specs(net)
+                    for k in ("prefill_input", "prefill_output", "decode_input", "decode_output")}
+    make = parameter_tensor(plan.module, lazy_initializers(plan.module, target) if is_lazy(target) else None)
+
+    def transform(model):
+        added = stamp_layers(model, sp, state_layers, make)
+        log(f"  {plan.name}: traced layers 0-{sp.prefix - 1}, stamped layers {sp.prefix}-{sp.num_layers - 1} "
+            f"({added} nodes)")
+
+    return traced, transform, small
