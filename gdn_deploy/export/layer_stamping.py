@@ -102,8 +102,8 @@ def layer_end_translations() -> dict:
 # ---- which layers are traced, which stamped ----------------------------------------------------------
 @dataclass
 class StampPlan:
-    prefix: int                     # layers 0..prefix-1 are traced
-    templates: dict[int, int]       # layer i >= prefix -> the traced layer t whose nodes it clones
+    traced: list[int]               # the layers of the traced model (the first of each kind), in order
+    kind_of: list[int]              # layer i -> index into ``traced`` of the layer whose nodes it clones
     num_layers: int
 
 
@@ -114,54 +114,53 @@ def _signature(layer: nn.Module) -> tuple:
 
 
 def stamp_plan(net: nn.Module) -> StampPlan:
-    """The prefix to trace and each later layer's template; raises :class:`NotStampable` when nothing repeats."""
+    """The layers to trace (the first of each signature) and each layer's template; raises :class:`NotStampable`
+    when no signature repeats."""
     layers = getattr(net, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not hasattr(net, "hybrid_config"):
         raise NotStampable("not a hybrid LM with a layer list")
     sigs = [_signature(layer) for layer in layers]
-    n = len(sigs)
-    total = {s: sigs.count(s) for s in set(sigs)}
-    seen: dict = {}
-    prefix = n
-    for k, s in enumerate(sigs):
-        if all(seen.get(x, 0) >= min(c, 2) for x, c in total.items()):
-            prefix = k
-            break
-        seen[s] = seen.get(s, 0) + 1
-    if prefix >= n:
-        raise NotStampable(f"no layer repeats past a traced prefix ({n} layers)")
-    templates = {i: max(t for t in range(prefix) if sigs[t] == sigs[i]) for i in range(prefix, n)}
-    return StampPlan(prefix, templates, n)
+    first: dict = {}
+    for i, s in enumerate(sigs):
+        first.setdefault(s, i)
+    traced = sorted(first.values())
+    if len(traced) == len(sigs):
+        raise NotStampable(f"no layer kind repeats ({len(sigs)} layers)")
+    return StampPlan(traced, [traced.index(first[s]) for s in sigs], len(sigs))
 
 
-def prefix_model(net: nn.Module, prefix: int) -> nn.Module:
-    """A shallow copy of ``net`` holding its first ``prefix`` layers (the same modules, names and parameters)."""
+def reduced_model(net: nn.Module, layers: list[int]) -> nn.Module:
+    """A shallow copy of ``net`` holding only ``layers`` (the same modules and parameters; parameter and state
+    names then number them 0, 1, ... in that order)."""
     small = copy.copy(net)
     small._modules = dict(net._modules)
     small._parameters = dict(net._parameters)
     small._buffers = dict(net._buffers)
-    small.layers = nn.ModuleList(list(net.layers)[:prefix])
+    small.layers = nn.ModuleList([net.layers[i] for i in layers])
     c = net.hybrid_config
-    small.hybrid_config = dataclasses.replace(c, layer_types=list(c.layer_types[:prefix]),
-                                              mlp_types=list(c.mlp_types[:prefix]))
+    small.hybrid_config = dataclasses.replace(c, layer_types=[c.layer_types[i] for i in layers],
+                                              mlp_types=[c.mlp_types[i] for i in layers])
     return small
 
 
 @contextlib.contextmanager
 def marked_layers(net: nn.Module):
-    """While active, each layer's ``prefill`` / ``decode`` passes its output hidden state through ``layer_end``."""
+    """While active, each layer's ``prefill`` / ``decode`` passes its output hidden state through ``layer_end``
+    (and the first layer its input, as layer -1's end)."""
     patched = []
 
-    def wrap(layer, j, fn):
-        def call(*args, **kwargs):
-            h, state = fn(*args, **kwargs)
+    def wrap(j, fn):
+        def call(h, *args, **kwargs):
+            if j == 0:
+                h = torch.ops.gdn_stamp.layer_end(h, -1)
+            h, state = fn(h, *args, **kwargs)
             return torch.ops.gdn_stamp.layer_end(h, j), state
         return call
 
     try:
         for j, layer in enumerate(net.layers):
             for name in ("prefill", "decode"):
-                setattr(layer, name, wrap(layer, j, getattr(layer, name)))   # instance attribute: shadows the method
+                setattr(layer, name, wrap(j, getattr(layer, name)))   # instance attribute: shadows the method
                 patched.append((layer, name))
         yield
     finally:
@@ -169,7 +168,7 @@ def marked_layers(net: nn.Module):
             layer.__dict__.pop(name, None)
 
 
-# ---- stamping the optimized ONNX IR --------------------------------------------------------------------
+# ---- stamping the translated ONNX IR -------------------------------------------------------------------
 def _layer_of_param(name: str) -> int | None:
     m = _LAYER_PARAM.match(name)
     return int(m.group(1)) if m else None
@@ -186,99 +185,98 @@ def _renamed_state(name: str, layer: int) -> str:
 
 def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
                  make_initializer: Callable[[str, Any], Any]) -> int:
-    """Turn the optimized prefix graph ``model`` (``onnx_ir.Model`` with ``LayerEnd`` markers) into the whole
-    model's graph in place. ``state_layers``: state input / output name -> layer; ``make_initializer(name,
-    template_value)`` returns the tensor of initializer ``name`` (a later layer's parameter). Returns the number
-    of nodes added; raises :class:`NotStampable` when a template reads what it may not."""
+    """Turn the translated graph of the reduced model (``onnx_ir.Model`` with ``LayerEnd`` markers; layer ``r``
+    of it is the model's layer ``plan.traced[r]``) into the whole model's graph, in place. ``state_layers``:
+    the reduced graph's state input / output names -> reduced layer; ``make_initializer(name, template_value)``
+    returns the tensor of the whole model's parameter ``name``. Returns the number of layer nodes written;
+    raises :class:`NotStampable` when a layer's nodes read what they may not."""
     import onnx_ir as ir
     graph = model.graph
+    R = len(plan.traced)
+    nodes = list(graph)
     markers: dict[int, Any] = {}
-    for node in graph:
+    for node in nodes:
         if (node.domain, node.op_type) == LAYER_END:
             markers[int(node.attributes["layer"].value)] = node
-    P = plan.prefix
-    if sorted(markers) != list(range(P)):
-        raise NotStampable(f"expected {P} layer markers, found {sorted(markers)}")
-    for node in graph:
+    if sorted(markers) != list(range(-1, R)):
+        raise NotStampable(f"expected layer markers -1..{R - 1}, found {sorted(markers)}")
+    for node in nodes:
         for a in node.attributes.values():
             if a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
                 raise NotStampable(f"node {node.op_type} holds a subgraph")
 
-    tag: dict[int, int | None] = {}        # id(value) -> layer (None: shared)
+    # tag: the reduced layer a value depends on (None: shared by all layers; R: the head)
+    tag: dict[int, int | None] = {}
     graph_inputs = {id(v) for v in graph.inputs}
     for v in graph.inputs:
         tag[id(v)] = state_layers.get(v.name)
     for name, v in graph.initializers.items():
         tag[id(v)] = _layer_of_param(name)
-    owner: dict[int, int | None] = {}      # id(node) -> layer it belongs to (None: shared; P: the head)
-    for node in graph:
+    segment: dict[int, int] = {}           # id(node) -> the layer whose markers enclose it (-1 before, R after)
+    seg = -1
+    for node in nodes:
         if (node.domain, node.op_type) == LAYER_END:
             j = int(node.attributes["layer"].value)
-            owner[id(node)] = j
             tag[id(node.outputs[0])] = j + 1
+            segment[id(node)] = j
+            seg = j + 1 if j >= 0 else 0
             continue
+        segment[id(node)] = seg
         if node.op_type == "Shape" and node.inputs and id(node.inputs[0]) in graph_inputs:
             t = None                       # an input's shape: the same for every layer's state
         else:
-            ts = [tag.get(id(v)) for v in node.inputs if v is not None]
-            ts = [x for x in ts if x is not None]
+            ts = [x for x in (tag.get(id(v)) for v in node.inputs if v is not None) if x is not None]
             t = max(ts) if ts else None
-        owner[id(node)] = t
+            if ts and min(ts) != t:
+                raise NotStampable(f"a node {node.op_type} of layer {t} reads values of layer {min(ts)}")
         for o in node.outputs:
             tag[id(o)] = t
+        if t is not None and t != seg:
+            raise NotStampable(f"a node {node.op_type} of layer {t} is traced among layer {seg}'s")
+        if seg == R and t is not None and t != R:
+            raise NotStampable(f"the head reads {node.op_type} of layer {t}")
 
-    def check_reads(node, layer: int):
-        for v in node.inputs:
-            if v is None:
-                continue
-            t = tag.get(id(v))
-            if t is None or t == layer:
-                continue
-            raise NotStampable(f"a node {node.op_type} of layer {layer} reads {v.name!r} of layer {t}")
-
-    blocks: dict[int, list] = {j: [] for j in range(P + 1)}
-    for node in graph:
-        j = owner[id(node)]
-        if j is not None and (node.domain, node.op_type) != LAYER_END:
-            blocks[j].append(node)
-    for t in set(plan.templates.values()):
-        for node in blocks[t]:
-            check_reads(node, t)
-    for node in blocks[P]:
-        check_reads(node, P)
-
-    outputs_by_value = {id(v): k for k, v in enumerate(graph.outputs)}
+    reduced_inits = {name: v for name, v in graph.initializers.items() if _layer_of_param(name) is not None}
+    fixed_inputs = [v for v in graph.inputs if state_layers.get(v.name) is None]
+    reduced_states = [(v, v.name) for v in graph.inputs if state_layers.get(v.name) is not None]
     head_outputs = [v for v in graph.outputs if state_layers.get(v.name) is None]
-    state_outputs = [v for v in graph.outputs if state_layers.get(v.name) is not None]
-    # the head and what only it reads come after the last marker: moved after the stamped layers
-    nodes = list(graph)
-    last = nodes.index(markers[P - 1])
-    tail = [n for n in nodes[last + 1:] if owner[id(n)] in (None, P)]
-    if any(owner[id(n)] == P for n in nodes[:last]):
-        raise NotStampable("the head's nodes come before the last layer's end")
-    for node in tail:
-        graph.remove(node)
-    hidden = markers[P - 1].inputs[0]
+    state_out = {id(v) for v in graph.outputs if state_layers.get(v.name) is not None}
+    by_segment: dict[int, list] = {}
+    for node in nodes:
+        if (node.domain, node.op_type) != LAYER_END:
+            by_segment.setdefault(segment[id(node)], []).append(node)
+    for name in reduced_inits:
+        graph.initializers.pop(name)
+    graph.remove(nodes, safe=False)
+
+    order = list(by_segment.get(-1, []))
+    hidden = markers[-1].inputs[0]
     new_inputs, new_outputs = [], []
-    added = 0
-    for i in range(P, plan.num_layers):
-        t = plan.templates[i]
-        if t < 1:
-            raise NotStampable(f"layer {i} would clone layer 0 (its input is the embedding)")
-        env: dict[int, Any] = {id(markers[t - 1].outputs[0]): hidden}
-        for v in graph.inputs:
-            if state_layers.get(v.name) == t:
-                nv = ir.Value(name=_renamed_state(v.name, i), shape=v.shape, type=v.type)
+    last = {r: i for i, r in enumerate(plan.kind_of)}
+    for i in range(plan.num_layers):
+        r = plan.kind_of[i]
+        first = plan.traced[r] == i
+        env: dict[int, Any] = {id(markers[r - 1].outputs[0]): hidden}
+        for v, name in reduced_states:
+            if state_layers.get(name) == r:
+                if i == last[r]:           # the same input, renamed: shared nodes read its shape (as traced
+                    v.name, nv = _renamed_state(name, i), v     # in full: torch.export's choice, the last)
+                else:
+                    nv = ir.Value(name=_renamed_state(name, i), shape=v.shape, type=v.type)
                 env[id(v)] = nv
                 new_inputs.append(nv)
-        for name, v in list(graph.initializers.items()):
-            if _layer_of_param(name) == t:
+        for name, v in reduced_inits.items():
+            if _layer_of_param(name) == r:
                 new_name = _renamed_param(name, i)
                 nv = ir.Value(name=new_name, shape=v.shape, type=v.type,
                               const_value=make_initializer(new_name, v))
                 graph.register_initializer(nv)
                 env[id(v)] = nv
-        for node in blocks[t]:
+        for node in by_segment.get(r, []):
+            if not node.outputs or tag[id(node.outputs[0])] is None:
+                if first:
+                    order.append(node)     # shared: kept where the first layer of its kind computes it
+                continue
             ins = [None if v is None else env.get(id(v), v) for v in node.inputs]
             attrs = [ir.Attr(a.name, a.type, a.value, a.ref_attr_name, doc_string=a.doc_string)
                      for a in node.attributes.values()]
@@ -289,29 +287,31 @@ def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
             for o, no in zip(node.outputs, new.outputs):
                 no.type = o.type
                 no.shape = o.shape.copy() if o.shape is not None else None
-                if id(o) in outputs_by_value:
+                if id(o) in state_out:
                     no.name = _renamed_state(o.name, i)
                     new_outputs.append(no)
                 else:
                     no.name = f"{o.name}__layer{i}"
                 env[id(o)] = no
-            graph.append(new)
-            added += 1
-        hidden = env[id(markers[t].inputs[0])]
-    last_marker_out = markers[P - 1].outputs[0]
-    for node in tail:
+            order.append(new)
+        hidden = env[id(markers[r].inputs[0])]
+    last_out = markers[R - 1].outputs[0]
+    for node in by_segment.get(R, []):
         for k, v in enumerate(node.inputs):
-            if v is last_marker_out:
+            if v is last_out:
                 node.replace_input_with(k, hidden)
-        graph.append(node)
-    for j in sorted(markers, reverse=True):
-        m = markers[j]
-        m.outputs[0].replace_all_uses_with(m.inputs[0])
-        graph.remove(m, safe=True)
-    graph.inputs.extend(new_inputs)
+        order.append(node)
+    kept = {id(n) for n in order}
+    for node in nodes:                     # the reduced model's layer nodes and the markers: detached
+        if id(node) not in kept:
+            for k in range(len(node.inputs)):
+                node.replace_input_with(k, None)
+    graph.extend(order)
+    graph.inputs.clear()
+    graph.inputs.extend([*fixed_inputs, *new_inputs])
     graph.outputs.clear()
-    graph.outputs.extend([*head_outputs, *state_outputs, *new_outputs])
-    return added
+    graph.outputs.extend([*head_outputs, *new_outputs])
+    return len(order)
 
 
 def parameter_tensor(module: nn.Module, loaders: dict[str, Callable[[], Tensor]] | None) -> Callable[[str, Any], Any]:
@@ -333,23 +333,23 @@ def parameter_tensor(module: nn.Module, loaders: dict[str, Callable[[], Tensor]]
 
 
 def stamp_setup(plan: Any, target: Any, make_plan: Callable[[Any, str], Any], log: Callable[[str], None]):
-    """For the whole model's graph ``plan``: (the prefix model's plan, the IR transform that stamps the other
-    layers, the prefix target). Raises :class:`NotStampable` when the layers do not repeat."""
+    """For the whole model's graph ``plan``: (the reduced model's plan, the IR transform that stamps every layer,
+    the reduced target). Raises :class:`NotStampable` when no layer kind repeats."""
     from .hybrid_graphs import hybrid_state_specs
     from .lazy_export import is_lazy, lazy_initializers
     from .targets import ExportTarget
     net = target.module
     sp = stamp_plan(net)
-    small = ExportTarget(prefix_model(net, sp.prefix), target.kind, target.source, target.all_logits,
-                         target.mtp_head)
+    small_net = reduced_model(net, sp.traced)
+    small = ExportTarget(small_net, target.kind, target.source, target.all_logits, target.mtp_head)
     traced = make_plan(small, plan.name)
-    state_layers = {s[k]: s["layer"] for s in hybrid_state_specs(net)
+    state_layers = {s[k]: s["layer"] for s in hybrid_state_specs(small_net)
                     for k in ("prefill_input", "prefill_output", "decode_input", "decode_output")}
     make = parameter_tensor(plan.module, lazy_initializers(plan.module, target) if is_lazy(target) else None)
 
     def transform(model):
-        added = stamp_layers(model, sp, state_layers, make)
-        log(f"  {plan.name}: traced layers 0-{sp.prefix - 1}, stamped layers {sp.prefix}-{sp.num_layers - 1} "
-            f"({added} nodes)")
+        n = stamp_layers(model, sp, state_layers, make)
+        log(f"  {plan.name}: traced {len(sp.traced)} of {sp.num_layers} layers ({sp.traced}), stamped the others "
+            f"({n} nodes)")
 
     return traced, transform, small
