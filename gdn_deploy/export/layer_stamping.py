@@ -1,39 +1,37 @@
-"""Layer stamping: export a hybrid LM's prefill / decode graph by tracing a prefix of its layers and cloning
-each later layer's node block from a traced layer of the same kind.
+"""Layer stamping: export a hybrid LM's prefill / decode graph by tracing one decoder layer of each kind and
+cloning its translated nodes for every layer of that kind.
 
-Tracing, translating and optimizing a graph cost time in proportion to its node count, so a 32-layer model took
-8x a 4-layer one. A decoder layer's nodes depend only on its kind, so this module:
+Tracing (``torch.export`` and its decompositions) and translating cost time in proportion to the graph's node
+count, and a decoder layer's nodes depend only on its kind, so for a model whose layer kinds repeat:
 
-1. picks the shortest prefix of the layers in which every layer signature (``layer_types[i]``, ``mlp_types[i]``,
-   post-norm, the layer's parameter names and shapes) that occurs later appears twice (once if the model has it
-   once); a layer ``i`` past the prefix takes as template the last prefix layer ``t`` of its signature;
-2. exports the prefix model (the same modules, so the same parameter and state names) with a marker node
-   ``gdn_stamp::LayerEnd(h, layer=j)`` on each layer's output hidden state, through the usual pipeline
-   (``torch.export``, translation, optimizer);
-3. on the optimized ``onnx_ir`` model, tags every value with the layer it depends on (a layer's parameters and
-   state inputs; a marker's output counts as the next layer's input), so the nodes of layer ``t`` are exactly those
-   tagged ``t``; values tagged with no layer (pure functions of ``input_ids``, ``cu_seqlens``, ``positions``,
-   ``pad_index``, the shapes of inputs and shared constants, e.g. RoPE tables and conv gather indices, which the
-   optimizer computed once for all layers) are shared, as in the fully traced graph;
-4. for each ``i`` past the prefix, clones template ``t``'s nodes (attributes shared, values renamed), reading
-   layer ``i``'s hidden input, state inputs (``*_{i}``) and parameters (``...layers.{i}....``, from the module or,
-   for a lazy export, the checkpoint), writing its state outputs (``*_out_{i}``); then moves the final norm and
-   head after the last layer and removes the markers.
+1. :func:`stamp_plan` groups the layers by signature (``layer_type``, post-norm, the MLP class, the layer's
+   parameter names, shapes and dtypes: any per-layer config difference shows there) and picks the first layer of
+   each kind (Qwen3.5 and Qwen3-Next: one GDN and one attention layer, whatever the depth);
+2. the reduced model of those layers (the same modules, renumbered 0, 1, ...) is traced and translated with a
+   marker node ``gdn_stamp::LayerEnd(h, layer=j)`` on the first layer's input (``j = -1``) and on each layer's
+   output hidden state;
+3. :func:`stamp_layers` tags every value of the translated, not yet optimized ``onnx_ir`` graph with the layer it
+   depends on (its parameters and state inputs; a marker's output counts as the next layer's input). Values that
+   depend on no layer (functions of ``input_ids``, ``cu_seqlens``, ``positions``, ``pad_index``, input shapes and
+   literal constants, e.g. the RoPE tables) are shared and stay where the first layer of their kind computed them;
+4. every layer ``i`` of the whole model gets a clone of its kind's tagged nodes (attributes shared, values renamed)
+   reading layer ``i``'s hidden input, state inputs ``*_{i}`` and parameters ``net.layers.{i}.*`` (from the module,
+   or for a lazy export the checkpoint) and writing ``*_out_{i}``; the head (final norm, logits) follows the last
+   layer and the markers go. The optimizer then runs on the whole graph as it does on a fully traced one, so
+   constants it folds out of each layer's weights are each layer's own.
 
-The check that makes this sound: template ``t``'s nodes may read only shared values, its own layer's values, its
-own parameters / states and the previous layer's hidden state, and the head only shared values and the last
-hidden state (anything else, e.g. a constant the optimizer folded out of one layer's weights, stops stamping with
-a one-line reason and the graph is traced in full). ``tests/export/test_layer_stamping.py`` compares stamped and
-fully traced graphs node by node and on onnxruntime for every family.
+A layer's nodes may read only shared values, its own and the previous layer's hidden state, and the head only
+shared values and the last hidden state: anything else (or a subgraph attribute) raises :class:`NotStampable` and
+``gdn-export`` traces every layer, saying why in one line. ``tests/export/test_layer_stamping.py`` checks for every
+family that the stamped graphs equal the fully traced ones node by node and on onnxruntime.
 
-``GDN_EXPORT_STAMP=0`` (or ``ExportOptions(stamp=False)``) traces every layer.
+``gdn-export --trace-every-layer``, ``ExportOptions(stamp=False)`` or ``GDN_EXPORT_STAMP=0`` trace every layer.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
-import functools
 import os
 import re
 from dataclasses import dataclass
@@ -43,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["StampPlan", "stamp_plan", "stamping_enabled", "marked_layers", "LAYER_END", "layer_end_translations",
-           "stamp_layers", "NotStampable"]
+           "stamp_layers", "stamp_setup", "reduced_model", "parameter_tensor", "NotStampable"]
 
 LAYER_END = ("gdn_stamp", "LayerEnd")
 _LAYER_PARAM = re.compile(r"^net\.layers\.(\d+)\.(.*)$")
