@@ -5,7 +5,7 @@ Tracing (``torch.export`` and its decompositions) and translating cost time in p
 count, and a decoder layer's nodes depend only on its kind, so for a model whose layer kinds repeat:
 
 1. :func:`stamp_plan` groups the layers by signature (``layer_type``, post-norm, the MLP class, the layer's
-   parameter names, shapes and dtypes: any per-layer config difference shows there) and picks the first layer of
+   parameter names, shapes and dtypes, and its ``repr``, which shows sizes, eps and options) and picks the first layer of
    each kind (Qwen3.5 and Qwen3-Next: one GDN and one attention layer, whatever the depth);
 2. the reduced model of those layers (the same modules, renumbered 0, 1, ...) is traced and translated with a
    marker node ``gdn_stamp::LayerEnd(h, layer=j)`` on the first layer's input (``j = -1``) and on each layer's
@@ -108,7 +108,7 @@ class StampPlan:
 def _signature(layer: nn.Module) -> tuple:
     params = tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters(remove_duplicate=False))
     return (type(layer).__name__, getattr(layer, "layer_type", None), getattr(layer, "post_norm", None),
-            type(getattr(layer, "mlp", None)).__name__, params)
+            type(getattr(layer, "mlp", None)).__name__, params, repr(layer))   # repr: sizes, eps, options
 
 
 def stamp_plan(net: nn.Module) -> StampPlan:
