@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whole HF models: stream the weights from the checkpoint into weights.data one tensor at a "
                         "time instead of loading the model (no float32 reference: NOT CHECKED); auto: when a "
                         "float32 copy would not fit in half the available memory (default: auto)")
+    p.add_argument("--trace-every-layer", action="store_true",
+                   help="whole HF models: trace every decoder layer instead of tracing one layer of each kind and "
+                        "cloning it for the others (layer stamping; same graphs, slower; also GDN_EXPORT_STAMP=0)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the onnxruntime check of the written files (the reference files are written anyway)")
     p.add_argument("-q", "--quiet", action="store_true", help="only errors and the final summary")
@@ -146,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ExportOptions(precision=args.precision, graphs=parse_graphs(args.graphs), opset=args.opset,
                          interop=args.interop, gdn_body=args.gdn_body, max_tokens=args.max_tokens,
                          max_seqs=args.max_seqs, verify=not args.no_verify, max_context=args.max_context,
-                         all_logits=args.all_logits)
+                         all_logits=args.all_logits, stamp=not args.trace_every_layer)
     root = check_output_dir(args.output, container=args.blocks)   # before any work: a bad -o is exit 2 at once
     t0 = time.perf_counter()
     say(f"loading {args.model}")

@@ -21,8 +21,8 @@ import torch
 
 from .targets import PRECISIONS, ExportTarget
 
-__all__ = ["is_lazy", "cast_lazy_target", "lazy_initializers", "attach_lazy_initializers", "NOT_CHECKED_LAZY",
-           "lazy_memory_limit"]
+__all__ = ["is_lazy", "cast_lazy_target", "lazy_initializers", "attach_lazy_initializers", "lazy_tensor",
+           "NOT_CHECKED_LAZY", "lazy_memory_limit"]
 
 NOT_CHECKED_LAZY = ("NOT CHECKED: the weights were streamed from the checkpoint (model too large for a float32 "
                     "reference on this machine); no reference files were written")
@@ -75,28 +75,32 @@ def lazy_initializers(plan_module: torch.nn.Module, target: ExportTarget) -> dic
     return out
 
 
-def attach_lazy_initializers(ir_model: Any, loaders: Mapping[str, Callable[[], torch.Tensor]]) -> int:
-    """Replace the initializers of an onnx_ir model named in ``loaders`` by ``onnx_ir.LazyTensor`` s that read the
-    checkpoint when saved or folded. Any other initializer that is still a placeholder (stride 0) raises: its
-    value would be a made-up zero. Returns the number replaced."""
+def lazy_tensor(name: str, fn: Callable[[], torch.Tensor], like: Any) -> Any:
+    """An ``onnx_ir.LazyTensor`` named ``name`` with ``like``'s dtype and shape whose value is ``fn()`` (read when
+    folded or saved); a checkpoint read (``lazy.load`` partial) is tagged so the weights file holds it once."""
     import onnx_ir as ir
     from torch.onnx._internal.exporter._core import TorchTensor
 
     from .stream_weights import SOURCE_KEY
 
-    def value(name: str, fn: Callable[[], torch.Tensor]):
+    def value():
         return TorchTensor(fn().contiguous(), name=name)
 
+    t = ir.LazyTensor(value, dtype=like.dtype, shape=like.shape, name=name)
+    if isinstance(fn, functools.partial):   # lazy.load(checkpoint name, dtype): written once per export
+        t.meta[SOURCE_KEY] = ("checkpoint", id(getattr(fn.func, "__self__", fn.func)), *map(str, fn.args))
+    return t
+
+
+def attach_lazy_initializers(ir_model: Any, loaders: Mapping[str, Callable[[], torch.Tensor]]) -> int:
+    """Replace the initializers of an onnx_ir model named in ``loaders`` by ``onnx_ir.LazyTensor`` s that read the
+    checkpoint when saved or folded. Any other initializer that is still a placeholder (stride 0) raises: its
+    value would be a made-up zero. Returns the number replaced."""
     n = 0
     for name, v in ir_model.graph.initializers.items():
         const = v.const_value
         if name in loaders:
-            fn = loaders[name]
-            v.const_value = ir.LazyTensor(functools.partial(value, name, fn), dtype=const.dtype,
-                                          shape=const.shape, name=name)
-            if isinstance(fn, functools.partial):   # lazy.load(checkpoint name, dtype): written once per export
-                v.const_value.meta[SOURCE_KEY] = ("checkpoint", id(getattr(fn.func, "__self__", fn.func)),
-                                                  *map(str, fn.args))
+            v.const_value = lazy_tensor(name, loaders[name], const)
             n += 1
             continue
         raw = getattr(const, "raw", None)

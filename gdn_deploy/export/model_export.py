@@ -50,6 +50,8 @@ class ExportOptions:
                                        # way every graph ends up reading the folder's one weights.data
     max_context: int = 4096            # TensorRT profile: max KV-cache capacity S (hybrid models)
     all_logits: bool = False           # hybrid prefill returns every token's logits, not each sequence's last
+    stamp: bool = True                 # hybrid prefill/decode: trace a prefix of the layers, clone the rest
+                                       # (layer_stamping.py; GDN_EXPORT_STAMP=0 traces every layer)
 
 
 @dataclass
@@ -85,23 +87,59 @@ def _dynamic_shapes(plan: GraphPlan):
 
 
 def _export_graph(plan: GraphPlan, target: ExportTarget, path: Path, opts: ExportOptions, *,
-                  weights: WeightsWriter | None = None, progress: Any = None) -> int:
+                  weights: WeightsWriter | None = None, progress: Any = None,
+                  log: Callable[[str], None] = lambda s: None) -> int:
     from . import onnx_ops
-    feed = example_feed(target, plan.name, tokens=12 if opts.interop else 11, equal_lengths=bool(opts.interop))
+    traced, transform = plan, None
+    stamped = _stamping(plan, target, opts, log)
+    if stamped is not None:
+        traced, transform, target_traced = stamped
+    else:
+        target_traced = target
+    feed = example_feed(target_traced, plan.name, tokens=12 if opts.interop else 11,
+                        equal_lengths=bool(opts.interop))
     # states and pools go through *args: pass the dynamic shapes positionally
-    shapes = _dynamic_shapes(plan)
-    fixed = plan.fixed_inputs if plan.fixed_inputs is not None else len(shapes)
+    shapes = _dynamic_shapes(traced)
+    fixed = traced.fixed_inputs if traced.fixed_inputs is not None else len(shapes)
     dyn = (*shapes[:fixed], tuple(shapes[fixed:])) if fixed < len(shapes) else tuple(shapes)
     kw: dict[str, Any] = {"interop": opts.interop, "gdn_body": opts.gdn_body}
     if opts.opset is not None:
         kw["opset"] = opts.opset
     if is_lazy(target):     # weights streamed from the checkpoint (lazy_export.py)
-        kw["lazy_initializers"] = lazy_initializers(plan.module, target)
-    onnx_ops.export_program(plan.module, tuple(feed.values()), str(path), kwargs=None, dynamic_shapes=dyn,
-                            input_names=plan.input_names, output_names=plan.output_names,
-                            external_data=opts.external_data or is_lazy(target), weights=weights,
-                            progress=progress, label=plan.name, **kw)
+        kw["lazy_initializers"] = lazy_initializers(traced.module, target)
+    if transform is not None:
+        from .layer_stamping import layer_end_translations, marked_layers
+        kw.update(ir_transform=transform, extra_translations=layer_end_translations())
+        marks = marked_layers(target_traced.module)
+    else:
+        marks = contextlib.nullcontext()
+    from .layer_stamping import NotStampable
+    try:
+        with marks:
+            onnx_ops.export_program(traced.module, tuple(feed.values()), str(path), kwargs=None,
+                                    dynamic_shapes=dyn, input_names=traced.input_names,
+                                    output_names=traced.output_names,
+                                    external_data=opts.external_data or is_lazy(target), weights=weights,
+                                    progress=progress, label=plan.name, **kw)
+    except NotStampable as e:       # raised before anything is written
+        log(f"  {plan.name}: tracing every layer ({e})")
+        return _export_graph(plan, target, path, replace(opts, stamp=False), weights=weights, progress=progress,
+                             log=log)
     return _rename_dims(path, plan)
+
+
+def _stamping(plan: GraphPlan, target: ExportTarget, opts: ExportOptions, log: Callable[[str], None]):
+    """(prefix plan, IR transform, prefix target) when ``plan``'s graph is built by layer stamping, else None
+    (with a one-line reason in the log when the model has layers to stamp but does not fit)."""
+    from .layer_stamping import NotStampable, stamp_setup, stamping_enabled
+    if target.kind != "hybrid" or plan.name not in ("prefill", "decode") or opts.interop \
+            or not stamping_enabled(opts.stamp):
+        return None
+    try:
+        return stamp_setup(plan, target, graph_plan, log)
+    except NotStampable as e:
+        log(f"  {plan.name}: tracing every layer ({e})")
+        return None
 
 
 _DIM_RENAMES = {"tokens": "T", "seqs": "N", "seqs + 1": "N+1", "batch": "B", "pool": "P", "cache": "S",
@@ -223,7 +261,7 @@ def _export_graphs(work, outdir, tgt, opts, log, step, writer, plans, opsets, tr
         t0 = time.perf_counter()
         try:
             with step(f"exporting {g}") as progress:
-                opsets.add(_export_graph(plan, tgt, path, opts, weights=writer, progress=progress))
+                opsets.add(_export_graph(plan, tgt, path, opts, weights=writer, progress=progress, log=log))
         except GdnError:
             raise
         except Exception as e:  # noqa: BLE001 (torch.export / onnx raise many kinds)

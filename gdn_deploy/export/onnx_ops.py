@@ -263,7 +263,8 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
                    interop: str | None = None, check_interop: bool = True, gdn_body: str = DEFAULT_BODY,
                    extra_translations: dict[Callable, Callable] | None = None,
                    lazy_initializers: dict[str, Callable[[], torch.Tensor]] | None = None,
-                   weights: Any = None, progress: Any = None, label: str = "graph") -> onnx.ModelProto:
+                   weights: Any = None, progress: Any = None, label: str = "graph",
+                   ir_transform: Callable[[Any], Any] | None = None) -> onnx.ModelProto:
     """Export ``module`` (an ``nn.Module`` or ``ExportedProgram``) calling gdn ops to ONNX and save it to ``path``.
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
@@ -279,6 +280,7 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     ``weights`` (a :class:`~.weights_file.WeightsWriter` in ``path``'s folder, with ``external_data``): the big
     initializers go straight into that shared file (:func:`.stream_weights.save_streamed`), not ``<path>.data``.
     ``progress`` (:class:`gdn_deploy.progress.Progress`) is told each stage, ``label`` naming the graph.
+    ``ir_transform`` is called on the translated ``onnx_ir`` model before it is optimized (:mod:`.layer_stamping`).
     """
     if opset < MIN_OPSET:
         raise ValueError(f"opset: the gdn export needs ONNX opset >= {MIN_OPSET}, got {opset}")
@@ -315,18 +317,24 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     if lazy_initializers is not None and (path is None or not external_data):
         raise ValueError("lazy_initializers: the weights are streamed to disk; pass a path and external_data=True")
     stage(f"translating {label} to ONNX")
+    optimize_now = lazy_initializers is None and ir_transform is None
     try:
         with _reuse_torchlib_registry(), linear_multi_output_matching():
             prog = torch.onnx.export(ep, args, kwargs=kwargs or None, dynamo=True, custom_translation_table=table,
                                      dynamic_shapes=dynamic_shapes, input_names=input_names,
                                      output_names=output_names, opset_version=opset,
-                                     verbose=False, optimize=lazy_initializers is None)
+                                     verbose=False, optimize=optimize_now)
             if lazy_initializers is not None:
                 from .lazy_export import attach_lazy_initializers
                 attach_lazy_initializers(prog.model, lazy_initializers)
+            if ir_transform is not None:
+                ir_transform(prog.model)
+            if not optimize_now:
                 stage(f"optimizing {label} (constant folding)")
                 prog.optimize()              # constant folding now reads the real (small) values
     except Exception as e:  # noqa: BLE001
+        if ir_transform is not None and getattr(e, "stamping_refused", False):
+            raise
         raise RuntimeError(f"gdn export: ONNX translation failed ({type(e).__name__}): {_short(e)}") from e
     streamed = external_data and path is not None
     if streamed:
