@@ -178,9 +178,11 @@ class DecodeOp(torch.nn.Module):
         return torch.ops.gdn.decode(q, k, v, g, beta, state)
 
 
-def single_node_model(op, attrs, inp: dict[str, Any], dtype: torch.dtype, body: str = "chunked", opset: int = 20):
+def single_node_model(op, attrs, inp: dict[str, Any], dtype: torch.dtype, body: str = "chunked", opset: int = 20,
+                      decode_body: str | None = None, static_shapes: bool = False):
     """An ONNX model of one gdn node (inputs compacted as the spec says) with its function bodies (``body`` for
-    prefill), checked; returns ``(model, feeds in input order)``."""
+    prefill, ``decode_body`` for a dense decode: None = the default), checked; returns ``(model, feeds in input
+    order)``. ``static_shapes``: the graph inputs carry the feeds' shapes (else every dim is unknown)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -190,13 +192,14 @@ def single_node_model(op, attrs, inp: dict[str, Any], dtype: torch.dtype, body: 
             torch.bfloat16: TensorProto.BFLOAT16, torch.int32: TensorProto.INT32}
     names = op.input_names(attrs)
     feeds = [inp[n] for n in names]
-    ins = [helper.make_tensor_value_info(n, elem[t.dtype], [None] * t.dim()) for n, t in zip(names, feeds)]
+    ins = [helper.make_tensor_value_info(n, elem[t.dtype], list(t.shape) if static_shapes else [None] * t.dim())
+           for n, t in zip(names, feeds)]
     outs = [helper.make_tensor_value_info(op.outputs[0].name, elem[dtype], [None] * 3),
             helper.make_tensor_value_info(op.outputs[1].name, TensorProto.FLOAT, [None] * 4)]
     node = helper.make_node(op.name, names, [o.name for o in outs], domain=SPEC.domain, **attrs)
     model = helper.make_model(helper.make_graph([node], "one_gdn_node", ins, outs), ir_version=10,
                               opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(SPEC.domain, 1)])
-    add_function_bodies(model, body)
+    add_function_bodies(model, body, decode_body)
     onnx.checker.check_model(model, full_check=True)
     return model, feeds
 

@@ -28,6 +28,10 @@ capacity of a whole hybrid model's decode graph). A whole hybrid model (``kind: 
 TensorRT-ready copy (bodies removed, every gdn node marked for the plugins), absent when the graph has no gdn
 nodes (``--interop`` exports).
 ``gdn_body`` is the prefill function body onnxruntime runs ("chunked" or "token"; null with ``--interop``).
+A graph whose onnxruntime file holds a dense-state decode node also says which decode body it runs:
+``graphs.<name>.decode_body`` ("linear_attention": onnxruntime's fused ``com.microsoft::LinearAttention``;
+"ops": standard ops; absent in folders exported before the choice existed, which run "ops"), read from the file
+when the sidecar is written.
 ``files`` binds the folder together: sha256 and size of every other file in the folder when the sidecar was written
 (graphs, external data, TensorRT copies, reference files, tokenizer), and ``sidecar_sha256`` is the sha256 of the
 sidecar's own canonical JSON without that key, so an edited sidecar is noticed (:mod:`.integrity` checks both).
@@ -167,10 +171,24 @@ def sidecar_digest(meta: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _note_decode_bodies(outdir: Path, meta: dict[str, Any]) -> None:
+    """Set ``graphs.<name>.decode_body`` from each onnxruntime graph file's ``gdn.decode_body`` metadata."""
+    import onnx
+    from .onnx_functions import decode_function_body
+    for g in (meta.get("graphs") or {}).values():
+        path = outdir / str(g.get("file", ""))
+        if not g.get("file") or not path.is_file():
+            continue
+        body = decode_function_body(onnx.load(str(path), load_external_data=False))
+        if body:
+            g["decode_body"] = body
+
+
 def write_metadata(outdir: str | Path, meta: dict[str, Any]) -> Path:
     """Write the sidecar last: set ``meta["files"]`` (digests of every file now in the folder) and
     ``meta["sidecar_sha256"]``, then write ``gdn_model.json`` atomically (a temporary file moved into place)."""
     d = Path(outdir)
+    _note_decode_bodies(d, meta)
     meta["files"] = folder_files(d)
     meta["sidecar_sha256"] = sidecar_digest(meta)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{SIDECAR_NAME}.", suffix=".tmp")

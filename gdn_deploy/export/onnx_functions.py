@@ -18,8 +18,16 @@ h // (Hv/Hk)), then the delta-rule recurrence. Two prefill bodies (``body``):
 - ``"token"``: the plainest statement of the recurrence, a Loop over sequences, an If (length 0
   keeps the state) around a Scan over the tokens; slow, kept as a cross-check.
 
-Decode (either body): one vectorised step, no loop; pool mode gathers the rows of slots >= 0,
-computes only those, scatters the new rows back (ScatterND) and leaves o = 0 for slot -1.
+Decode: one vectorised step, no loop. Two decode bodies (``decode_body``) for the dense state:
+
+- ``"linear_attention"`` (default where the installed onnxruntime has the kernel): the input stage above in
+  standard ops, then onnxruntime's fused ``com.microsoft::LinearAttention`` (update_rule ``gated_delta``, float32
+  CPU kernel) with q/k repeated to the Hv value heads; it reads and writes the recurrent state once, where the
+  standard-op step passes over it about eight times (decay, two products, the rank-1 update, the output copy);
+- ``"ops"``: the same step in standard ops (MatMul/Mul/Add), for runtimes without the contrib op.
+
+Pool mode (either) gathers the rows of slots >= 0, computes only those with the standard-op step, scatters the
+new rows back (ScatterND) and leaves o = 0 for slot -1. The TensorRT copies drop every body (plugins).
 """
 from __future__ import annotations
 
@@ -29,17 +37,20 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..onnx_nodes import iter_gdn_nodes
-from ..spec import COMMIT, PREFILL, SPEC, STATE_POOL, VERIFY, OpSpec
+from ..spec import COMMIT, DECODE, PREFILL, SPEC, STATE_POOL, VERIFY, OpSpec
 from .onnx_chunked import chunked_prefill_body
 from .onnx_speculative import commit_body, verify_body
 from .onnx_graph import FLOAT, GraphBuilder, prepare_inputs, repeat_heads, value_info
 
 __all__ = ["add_function_bodies", "overload_name", "make_function", "node_attrs", "function_body", "MIN_OPSET",
-           "BODIES", "DEFAULT_BODY", "BODY_METADATA_KEY"]
+           "BODIES", "DEFAULT_BODY", "BODY_METADATA_KEY", "DECODE_BODIES", "DECODE_BODY_METADATA_KEY",
+           "default_decode_body", "decode_function_body", "onnxruntime_has_linear_attention"]
 
 MIN_OPSET = 18          # ReduceSum/Unsqueeze/Squeeze with axes inputs, Shape start/end, CastLike
 BODIES = ("chunked", "token")
 DEFAULT_BODY = "chunked"
+DECODE_BODIES = ("linear_attention", "ops")
+LA_DOMAIN, LA_VERSION = "com.microsoft", 1
 _INT_ATTRS = ("gate_mode", "use_qk_l2norm", "state_mode")
 
 
@@ -49,13 +60,30 @@ def node_attrs(op: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:
     return op.attrs(**{k: v for k, v in given.items() if k in op.attributes})
 
 
-def overload_name(op: OpSpec, attrs: dict[str, Any]) -> str:
+def overload_name(op: OpSpec, attrs: dict[str, Any], la_heads: int | None = None) -> str:
+    """``la_heads``: a LinearAttention decode body for Hv value heads (0: heads folded into the rows)."""
     if "gate_mode" not in op.attributes:   # GatedDeltaCommit
         return f"state{int(attrs['state_mode'])}"
     key = f"gate{int(attrs['gate_mode'])}_l2norm{int(attrs['use_qk_l2norm'])}"
     if "state_mode" in op.attributes:
         key += f"_state{int(attrs['state_mode'])}"
+    if la_heads is not None:
+        key += f"_la{int(la_heads)}"
     return key
+
+
+def onnxruntime_has_linear_attention() -> bool:
+    """True when the installed onnxruntime registers ``com.microsoft::LinearAttention`` (its CPU kernel)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as C
+        return any(s.name == "LinearAttention" and s.domain == LA_DOMAIN for s in C.get_all_operator_schema())
+    except Exception:  # noqa: BLE001  (no onnxruntime, or a build without the schema listing)
+        return False
+
+
+def default_decode_body() -> str:
+    """``"linear_attention"`` where the installed onnxruntime has the kernel, else ``"ops"``."""
+    return "linear_attention" if onnxruntime_has_linear_attention() else "ops"
 
 
 def _prepare(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any]) -> tuple[str, str, str, str, str]:
@@ -122,6 +150,31 @@ def _token_prefill_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, A
     return o_all, b("Reshape", finals, b("Shape", h0), hint="final_states")
 
 
+def _la_decode_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any], heads: int,
+                    out_names: list[str]) -> tuple[str, str]:
+    """Dense-state decode through ``com.microsoft::LinearAttention``: q, k [B, Hk, K] (L2-normed, q scaled, then
+    repeated to Hv heads) and v [B, Hv, V] as [B, 1, H*D], log-decay g and beta as [B, 1, Hv], the state
+    [B, Hv, K, V] as is (its output is the function's state output, no copy). ``heads`` = Hv; 0 when it is not
+    static: then rows and heads are folded ([B*Hv, 1, D], one head; the state reshaped in and out)."""
+    q, k, v, g, beta = prepare_inputs(b, ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins.get("A_log"),
+                                      ins.get("dt_bias"), attrs)
+    q, k = repeat_heads(b, q, v), repeat_heads(b, k, v)
+    state = b("Cast", ins["state"], to=FLOAT, hint="state_f")
+    la = dict(domain=LA_DOMAIN, update_rule="gated_delta", scale=1.0)     # q carries the scale already
+    if heads:
+        flat = b.ints(0, 1, -1)
+        q3, k3, v3, g3, b3 = (b("Reshape", x, flat) for x in (q, k, v, g, beta))
+        o, _ = b("LinearAttention", q3, k3, v3, state, g3, b3, outputs=[b.name("o_la"), out_names[1]],
+                 q_num_heads=heads, kv_num_heads=heads, **la)
+        return b("Reshape", o, b("Shape", v), hint="o_t"), out_names[1]
+    row = b.ints(-1, 1)
+    q3, k3, v3 = (b("Reshape", x, b("Concat", row, b("Shape", x, start=2, end=3), axis=0)) for x in (q, k, v))
+    g3, b3 = (b("Reshape", x, b.ints(-1, 1, 1)) for x in (g, beta))
+    s4 = b("Reshape", state, b("Concat", row, b("Shape", state, start=2, end=4), axis=0), hint="state_rows")
+    o, s_new = b("LinearAttention", q3, k3, v3, s4, g3, b3, n_out=2, q_num_heads=1, kv_num_heads=1, **la)
+    return b("Reshape", o, b("Shape", v), hint="o_t"), b("Reshape", s_new, b("Shape", state), hint="S_new")
+
+
 def _decode_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any]) -> tuple[str, str]:
     qe, ke, vf, eg, bt = _prepare(b, ins, attrs)
     state = b("Cast", ins["state"], to=FLOAT, hint="state_f")
@@ -146,10 +199,13 @@ def _check_body(body: str) -> None:
         raise ValueError(f"body: expected one of {', '.join(BODIES)}, got {body!r}")
 
 
-def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEFAULT_BODY) -> onnx.FunctionProto:
+def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEFAULT_BODY,
+                  la_heads: int | None = None) -> onnx.FunctionProto:
     """The FunctionProto (domain gdn, name = op name, overload from the attributes) for one combination.
 
-    ``body`` picks the prefill body (``"chunked"`` or ``"token"``); decode has one body.
+    ``body`` picks the prefill body (``"chunked"`` or ``"token"``). ``la_heads`` (dense-state decode only): the
+    LinearAttention decode body for Hv value heads (0: Hv not static, heads folded into the rows); None: the
+    standard-op step.
     """
     if opset < MIN_OPSET:
         raise ValueError(f"gdn function bodies need ONNX opset >= {MIN_OPSET} for the default domain, got {opset}")
@@ -161,6 +217,12 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEF
     if op.name in (VERIFY.name, COMMIT.name):
         what = "padded-scan verify body" if op.name == VERIFY.name else "padded-scan commit body"
         outs = (verify_body if op.name == VERIFY.name else commit_body)(b, ins, attrs)
+    elif la_heads is not None:
+        if op.name == PREFILL.name or int(attrs["state_mode"]) == STATE_POOL:
+            raise ValueError(f"la_heads: the LinearAttention body is for the dense-state decode, not {op.name} "
+                             f"{overload_name(op, attrs)}")
+        outs = list(_la_decode_body(b, ins, attrs, int(la_heads), out_names))
+        what = "single-step decode body on com.microsoft::LinearAttention"
     else:
         if op.name == PREFILL.name:
             build = chunked_prefill_body if body == "chunked" else _token_prefill_body
@@ -169,17 +231,22 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEF
             build, what = _decode_body, "single-step decode body"
         outs = list(build(b, ins, attrs))
     for i, (x, name) in enumerate(zip(outs, out_names)):
+        if x == name:
+            continue
         if i == 0 and "q" in ins:
             b("CastLike", x, ins["q"], outputs=[name])
         else:
             b("Identity", x, outputs=[name])
     defaults = [helper.make_attribute(a, op.defaults[a]) for a in op.attributes if a not in _INT_ATTRS]
     defaults += [helper.make_attribute(a, int(op.defaults[a])) for a in op.attributes if a in _INT_ATTRS]
+    imports = [helper.make_opsetid("", opset)]
+    if la_heads is not None:
+        imports.append(helper.make_opsetid(LA_DOMAIN, LA_VERSION))
+    ovl = overload_name(op, attrs, la_heads)
     return helper.make_function(
-        SPEC.domain, op.name, in_names, out_names, b.nodes,
-        [helper.make_opsetid("", opset)], attribute_protos=defaults, overload=overload_name(op, attrs),
-        doc_string=f"onnxruntime {what} of {SPEC.domain}::{op.name} for {overload_name(op, attrs)} "
-                   "(standard ONNX ops)")
+        SPEC.domain, op.name, in_names, out_names, b.nodes, imports, attribute_protos=defaults, overload=ovl,
+        doc_string=f"onnxruntime {what} of {SPEC.domain}::{op.name} for {ovl}"
+                   + ("" if la_heads is not None else " (standard ONNX ops)"))
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -190,6 +257,7 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 
 BODY_METADATA_KEY = "gdn.prefill_body"
+DECODE_BODY_METADATA_KEY = "gdn.decode_body"
 
 
 def function_body(model: onnx.ModelProto) -> str | None:
@@ -197,17 +265,42 @@ def function_body(model: onnx.ModelProto) -> str | None:
     return next((p.value for p in model.metadata_props if p.key == BODY_METADATA_KEY), None)
 
 
-def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY) -> onnx.ModelProto:
+def decode_function_body(model: onnx.ModelProto) -> str | None:
+    """The dense-state decode body ``add_function_bodies`` attached to ``model`` (model metadata), or None (no
+    dense-state decode node, or a graph exported before the key existed: the standard-op step)."""
+    return next((p.value for p in model.metadata_props if p.key == DECODE_BODY_METADATA_KEY), None)
+
+
+def _static_heads(model: onnx.ModelProto, node: onnx.NodeProto, state_index: int) -> int:
+    """Hv of a decode node from its state input's static shape [B, Hv, K, V] (graph input or value_info); 0 if
+    unknown."""
+    name = node.input[state_index]
+    for vi in list(model.graph.input) + list(model.graph.value_info):
+        if vi.name == name:
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == 4 and dims[1].HasField("dim_value") and dims[1].dim_value > 0:
+                return int(dims[1].dim_value)
+    return 0
+
+
+def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY,
+                        decode_body: str | None = None) -> onnx.ModelProto:
     """Attach (in place, and return) one FunctionProto per gdn op/attribute combination used in ``model``.
 
     Every gdn node gets ``overload`` set to its combination; its input count is checked against
     the spec. ``body`` picks the prefill body (``"chunked"``, the default, or ``"token"``) and is
-    recorded in the model's metadata (``gdn.prefill_body``, read by :func:`function_body`).
+    recorded in the model's metadata (``gdn.prefill_body``, read by :func:`function_body`). ``decode_body`` picks
+    the dense-state decode body (``"linear_attention"`` or ``"ops"``; None: :func:`default_decode_body`), recorded
+    as ``gdn.decode_body`` (:func:`decode_function_body`) when the model has such a node.
     Functions of earlier calls are replaced, so calling twice is harmless.
     """
     _check_body(body)
+    decode_body = default_decode_body() if decode_body is None else decode_body
+    if decode_body not in DECODE_BODIES:
+        raise ValueError(f"decode_body: expected one of {', '.join(DECODE_BODIES)}, got {decode_body!r}")
     opset = default_opset(model)
     wanted: dict[tuple[str, str], onnx.FunctionProto] = {}
+    dense_decode = False
     for node in iter_gdn_nodes(model.graph, SPEC.all_ops):
         op = SPEC.all_ops[node.op_type]
         attrs = node_attrs(op, node)
@@ -215,19 +308,29 @@ def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY) -> onn
         if len(node.input) != len(expected) or any(not x for x in node.input):
             raise ValueError(f"{SPEC.domain}::{node.op_type} node {node.name!r}: has inputs {list(node.input)}, "
                              f"expected {len(expected)} ({', '.join(expected)}) for attributes {attrs}")
-        node.overload = overload_name(op, attrs)
+        la_heads = None
+        if op.name == DECODE.name and int(attrs["state_mode"]) != STATE_POOL:
+            dense_decode = True
+            if decode_body == "linear_attention":
+                la_heads = _static_heads(model, node, expected.index("state"))
+        node.overload = overload_name(op, attrs, la_heads)
         key = (node.op_type, node.overload)
         if key not in wanted:
-            wanted[key] = make_function(op, attrs, opset, body)
+            wanted[key] = make_function(op, attrs, opset, body, la_heads)
     keep = [f for f in model.functions if not (f.domain == SPEC.domain and f.name in SPEC.all_ops)]
     del model.functions[:]
     model.functions.extend(keep + list(wanted.values()))
-    props = [p for p in model.metadata_props if p.key != BODY_METADATA_KEY]
+    props = [p for p in model.metadata_props if p.key not in (BODY_METADATA_KEY, DECODE_BODY_METADATA_KEY)]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     if wanted:
         if any(op == PREFILL.name for op, _ in wanted):
             model.metadata_props.append(onnx.StringStringEntryProto(key=BODY_METADATA_KEY, value=body))
+        if dense_decode:
+            model.metadata_props.append(onnx.StringStringEntryProto(key=DECODE_BODY_METADATA_KEY, value=decode_body))
+        if any(any(i.domain == LA_DOMAIN for i in f.opset_import) for f in wanted.values()) and \
+                not any(i.domain == LA_DOMAIN for i in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(LA_DOMAIN, LA_VERSION))
         if not any(i.domain == SPEC.domain for i in model.opset_import):
             model.opset_import.append(helper.make_opsetid(SPEC.domain, SPEC.opset_version))
         model.ir_version = max(model.ir_version, 10)   # overload needs IR 10

@@ -261,7 +261,7 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
                    dynamic_shapes=None, input_names: Sequence[str] | None = None,
                    output_names: Sequence[str] | None = None, opset: int = 20, external_data: bool = False,
                    interop: str | None = None, check_interop: bool = True, gdn_body: str = DEFAULT_BODY,
-                   extra_translations: dict[Callable, Callable] | None = None,
+                   decode_body: str | None = None, extra_translations: dict[Callable, Callable] | None = None,
                    lazy_initializers: dict[str, Callable[[], torch.Tensor]] | None = None,
                    weights: Any = None, progress: Any = None, label: str = "graph",
                    ir_transform: Callable[[Any], Any] | None = None) -> onnx.ModelProto:
@@ -269,7 +269,8 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
     ``torch.onnx.export(dynamo=True, custom_translation_table=translation_table(interop))`` ->
-    function bodies (interop None; ``gdn_body`` "chunked" or "token" picks the prefill body) ->
+    function bodies (interop None; ``gdn_body`` "chunked" or "token" picks the prefill body, ``decode_body``
+    "linear_attention" or "ops" the dense-state decode body, None: the default of :func:`add_function_bodies`) ->
     ``onnx.checker`` -> save (``external_data``: weights streamed to ``<path>.data`` one tensor at a time, never
     held as a second in-memory copy). Returns the ModelProto (without external weights loaded when saved externally).
     With ``interop``, ``check_interop`` first runs ``module`` eagerly on ``args`` to check the
@@ -351,7 +352,7 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     else:
         model = prog.model_proto
     if interop is None:
-        add_function_bodies(model, gdn_body)
+        add_function_bodies(model, gdn_body, decode_body)
         stamp_plugin_attributes(model)     # TensorRT: node -> plugin (gdn namespace); onnxruntime ignores them
     elif interop == "onnx":
         from .interop import to_standard_linear_attention

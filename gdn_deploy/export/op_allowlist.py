@@ -7,16 +7,19 @@ one of the parser's restrictions on the operators we use (``axes`` of Squeeze / 
 the ``axis`` of CumSum from initializers or constants; TopK ``sorted=1`` with ``K < 3840``).
 onnxruntime graphs may also hold ``com.microsoft::GroupQueryAttention`` (``ORT_ONLY_OPS``: their TensorRT copies
 replace it, :func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`); pass ``onnxruntime=True``.
-``tests/export/test_op_set.py`` holds every exported graph to it.
+The gdn nodes' function bodies are onnxruntime's alone (the TensorRT copies drop them: plugins); besides standard
+ops the dense-state decode body may hold ``com.microsoft::LinearAttention`` (``ORT_BODY_OPS``,
+:mod:`gdn_deploy.export.onnx_functions`). ``tests/export/test_hybrid_export.py`` holds every exported graph to it.
 """
 from __future__ import annotations
 
 import onnx
 
-__all__ = ["ALLOWED_OPS", "GDN_OPS", "ORT_ONLY_OPS", "graph_op_problems"]
+__all__ = ["ALLOWED_OPS", "GDN_OPS", "ORT_ONLY_OPS", "ORT_BODY_OPS", "graph_op_problems"]
 
 GDN_OPS = frozenset({"GatedDeltaPrefill", "GatedDeltaDecode"})
 ORT_ONLY_OPS = frozenset({("com.microsoft", "GroupQueryAttention")})
+ORT_BODY_OPS = frozenset({("com.microsoft", "LinearAttention")})     # inside gdn decode function bodies only
 ALLOWED_OPS = frozenset({
     # tensor plumbing
     "Shape", "Reshape", "Squeeze", "Unsqueeze", "Slice", "Concat", "Split", "Transpose", "Expand", "Tile",

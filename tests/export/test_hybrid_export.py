@@ -22,7 +22,7 @@ from greedy_agreement import unexplained_difference  # noqa: E402
 
 from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
 from gdn_deploy.export.loading import load_targets  # noqa: E402
-from gdn_deploy.export.op_allowlist import graph_op_problems  # noqa: E402
+from gdn_deploy.export.op_allowlist import ORT_BODY_OPS, graph_op_problems  # noqa: E402
 from gdn_deploy.runtime.backends import make_backend  # noqa: E402
 from gdn_deploy.runtime.folder import ExportFolder  # noqa: E402
 from gdn_deploy.runtime.generation import generate  # noqa: E402
@@ -102,6 +102,40 @@ def test_exported_graphs_use_allowed_ops_only(family, tmp_path_factory):
         gdn = [n for n in model.graph.node if n.domain == "gdn"]
         assert len(gdn) == len(meta["model"]["config"]["layer_types"]) - meta["model"]["layer_types"].count(
             "full_attention")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_bodies_equal_pytorch(family, tmp_path_factory, tmp_path):
+    """The decode graph onnxruntime runs holds the fused LinearAttention step (sidecar ``decode_body``) and its
+    TensorRT copy the plugin node; on a fresh decode feed (batch 5 at ragged positions, random states) the fused
+    step and the standard-op step each give the float32 PyTorch outputs, logits and every state."""
+    from gdn_deploy.export.onnx_functions import (DECODE_BODIES, add_function_bodies, function_body,
+                                                  onnxruntime_has_linear_attention)
+    from gdn_deploy.export.runtimes import onnxruntime_session, run_onnxruntime
+    from gdn_deploy.export.verify import reference_feed, reference_outputs
+    _, hf_dir, out, _, _ = _export(family, tmp_path_factory)
+    has_la = onnxruntime_has_linear_attention()
+    info = json.loads((out / "gdn_model.json").read_text())["graphs"]["decode"]
+    assert info["decode_body"] == ("linear_attention" if has_la else "ops")
+    model = onnx.load(str(out / info["file"]), load_external_data=False)
+    fused = {(n.domain, n.op_type) for f in model.functions for n in f.node if n.domain not in ("", "ai.onnx")}
+    assert fused == (set(ORT_BODY_OPS) if has_la else set())
+    trt = onnx.load(str(out / info["tensorrt_file"]), load_external_data=False)
+    assert not trt.functions and any(n.domain == "gdn" for n in trt.graph.node)
+    target = load_targets(str(hf_dir))[0]
+    feed = reference_feed(target, "decode", seed=seed_for(f"decode_bodies::{family}"), sizes={"batch": 5})
+    ref = reference_outputs(target, "decode", feed)
+    for f in out.iterdir():                   # the weights and everything else, next to the rewritten graph
+        if f.is_file() and f.name != info["file"]:
+            (tmp_path / f.name).hardlink_to(f)
+    for body in DECODE_BODIES if has_la else ("ops",):
+        add_function_bodies(model, function_body(model) or "chunked", body)
+        onnx.save(model, str(tmp_path / info["file"]))
+        sess = onnxruntime_session(tmp_path / info["file"], ("CPUExecutionProvider",), None)
+        got = run_onnxruntime(sess, {i.name: feed[i.name] for i in sess.get_inputs()})
+        assert set(got) == set(ref)
+        for name, want in ref.items():
+            _close(got[name].float(), want, f"{family} decode ({body}) {name}")
 
 
 def test_op_check_can_fail():

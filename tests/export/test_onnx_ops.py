@@ -14,13 +14,16 @@ from conftest import (DECODE_ORDER, PREFILL_ORDER, DecodeOp, PrefillOp, call_dec
                       single_node_model,
                       cast_inputs, make_decode_inputs, make_prefill_inputs, ordered_args,
                       ordered_dynamic_shapes, rel_err)
-from gdn_deploy.export.onnx_functions import overload_name  # noqa: E402
+from gdn_deploy.export.onnx_functions import (decode_function_body, onnxruntime_has_linear_attention,  # noqa: E402
+                                              overload_name)
 from gdn_deploy.export.onnx_ops import (add_function_bodies, export_program, gdn_nodes,  # noqa: E402
                                         register_schemas, translation_table)
 from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import DECODE, PREFILL, SPEC  # noqa: E402
 
 FP32_TOL = 1e-5
+_needs_la = pytest.mark.skipif(not onnxruntime_has_linear_attention(),
+                               reason="this onnxruntime has no com.microsoft::LinearAttention kernel")
 
 
 # ---- schemas and translation table ------------------------------------------------------------------
@@ -111,20 +114,32 @@ def test_prefill_body_no_sequences(gen, body):
     assert o.shape == (0, 2, 8) and s.shape == (0, 2, 8, 8)
 
 
+DECODE_BODY_CASES = [("ops", False), pytest.param("linear_attention", False, marks=_needs_la),
+                     pytest.param("linear_attention", True, marks=_needs_la)]
+
+
 @pytest.mark.parametrize("pool", [False, True], ids=["dense", "pool"])
 @pytest.mark.parametrize("gate_mode", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_decode_body_matches_reference(gen, pool, gate_mode, dtype):
-    inp = make_decode_inputs(gen, 5, 1, 2, K=16, V=8, gate_mode=gate_mode, use_qk_l2norm=1,
+@pytest.mark.parametrize("decode_body,static", DECODE_BODY_CASES, ids=["ops", "la-folded", "la-heads"])
+@pytest.mark.parametrize("use_qk_l2norm", [1, 0])
+def test_decode_body_matches_reference(gen, pool, gate_mode, dtype, decode_body, static, use_qk_l2norm):
+    inp = make_decode_inputs(gen, 5, 1, 2, K=16, V=8, gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm,
                              pool_size=9 if pool else None)
     if pool:
         inp["slots"][1] = -1
         inp["slots"][4] = -1
-    attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=1, state_mode=int(pool))
+    attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, state_mode=int(pool))
     io = cast_inputs(inp, dtype)
     o_ref, s_ref = call_decode_ref(cast_inputs(io, torch.float64, torch.float64), **attrs)
-    model, feeds = single_node_model(DECODE, attrs, io, dtype)
+    model, feeds = single_node_model(DECODE, attrs, io, dtype, decode_body=decode_body, static_shapes=static)
+    if not pool:    # the body asked for, with Hv as the op's heads when the state's shape is static
+        want = f"_la{2 if static else 0}" if decode_body == "linear_attention" else "_state0"
+        assert model.graph.node[0].overload.endswith(want)
+        assert decode_function_body(model) == decode_body
+    before = [x.clone() for x in feeds]
     o, s = run_onnxruntime(model, feeds).values()
+    assert all(torch.equal(a, b) for a, b in zip(before, feeds))       # the past state is read, not overwritten
     tol = FP32_TOL if dtype == torch.float32 else SPEC.kernel_tolerance(str(dtype).replace("torch.", ""))
     assert o.dtype == dtype and rel_err(o, o_ref) < tol and rel_err(s, s_ref) < FP32_TOL
     if pool:
@@ -137,9 +152,11 @@ def test_decode_body_matches_reference(gen, pool, gate_mode, dtype):
 
 def test_add_function_bodies_idempotent_and_checks_inputs(gen):
     inp = cast_inputs(make_decode_inputs(gen, 2, 1, 1, K=8, V=8), torch.float32)
-    model, _ = single_node_model(DECODE, DECODE.attrs(), inp, torch.float32)
-    add_function_bodies(model)
+    model, _ = single_node_model(DECODE, DECODE.attrs(), inp, torch.float32, decode_body="ops")
+    add_function_bodies(model, decode_body="ops")
     assert [(f.name, f.overload) for f in model.functions] == [("GatedDeltaDecode", "gate0_l2norm0_state0")]
+    with pytest.raises(ValueError, match="decode_body"):
+        add_function_bodies(model, decode_body="fused")
     del model.graph.node[0].input[-1]
     with pytest.raises(ValueError, match="expected 6"):
         add_function_bodies(model)
@@ -175,7 +192,8 @@ def prefill_decode_models(tmp_path_factory):
 
 def test_export_emits_one_gdn_node_per_op(prefill_decode_models):
     _, _, pre, dec = prefill_decode_models
-    for model, op, key in ((pre, "GatedDeltaPrefill", "gate1_l2norm1"), (dec, "GatedDeltaDecode", "gate0_l2norm0_state0")):
+    dec_key = "gate0_l2norm0_state0" + ("_la2" if onnxruntime_has_linear_attention() else "")   # Hv = 2 heads
+    for model, op, key in ((pre, "GatedDeltaPrefill", "gate1_l2norm1"), (dec, "GatedDeltaDecode", dec_key)):
         nodes = gdn_nodes(model)
         assert [(n.op_type, n.domain, n.overload) for n in nodes] == [(op, "gdn", key)]
         assert [(f.domain, f.name, f.overload) for f in model.functions] == [("gdn", op, key)]
