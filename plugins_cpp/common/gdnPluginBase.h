@@ -1,6 +1,6 @@
 // What the gdn TensorRT plugins of the q/k/v ops (prefill, decode, verify) share, written once:
-// GdnPluginBase<Derived, Params> implements the IPluginV3 boilerplate (capability interfaces, name/namespace/version,
-// clone/attachToContext, field serialisation, output dtypes, format combinations,
+// GdnPluginBase<Derived, Params> implements the IPluginV3 boilerplate (capability interfaces, name/namespace/version
+// through GdnPluginNamed, clone/attachToContext, field serialisation, output dtypes, format combinations,
 // configure/onShapeChange checks, enqueue) with every noexcept method catching and reporting, and what
 // GdnPluginCreator<Plugin> (gdnPluginCreator.h) needs to create one from its fields. A plugin class only says what
 // differs:
@@ -37,7 +37,7 @@ constexpr int32_t kOutState = 1; // output 1: final_state / new_state / updated 
 
 template <typename Derived, typename Params>
 class GdnPluginBase : public nvinfer1::IPluginV3,
-                      public nvinfer1::IPluginV3OneCore,
+                      public GdnPluginNamed<nvinfer1::IPluginV3OneCore, Derived>, // IPluginV3OneCore
                       public PluginBuildBase,
                       public nvinfer1::IPluginV3OneRuntime
 {
@@ -88,20 +88,6 @@ public:
     nvinfer1::IPluginV3* clone() noexcept override
     {
         return copyWithRecorder("clone", mRecorder);
-    }
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override
-    {
-        return Derived::kName;
-    }
-    char const* getPluginVersion() const noexcept override
-    {
-        return spec::kPluginVersion;
-    }
-    char const* getPluginNamespace() const noexcept override
-    {
-        return spec::kPluginNamespace;
     }
 
     // IPluginV3OneBuild(V2)

@@ -20,7 +20,7 @@ namespace plugin
 {
 
 template <typename Plugin>
-class GdnPluginCreator : public nvinfer1::IPluginCreatorV3One
+class GdnPluginCreator : public GdnPluginNamed<nvinfer1::IPluginCreatorV3One, Plugin>
 {
 public:
     GdnPluginCreator()
@@ -29,18 +29,6 @@ public:
     }
     ~GdnPluginCreator() override = default;
 
-    char const* getPluginName() const noexcept override
-    {
-        return Plugin::kName;
-    }
-    char const* getPluginVersion() const noexcept override
-    {
-        return spec::kPluginVersion;
-    }
-    char const* getPluginNamespace() const noexcept override
-    {
-        return spec::kPluginNamespace;
-    }
     nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override
     {
         return mFieldNames.collection();

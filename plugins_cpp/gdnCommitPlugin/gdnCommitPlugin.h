@@ -19,7 +19,7 @@ namespace plugin
 {
 
 class GdnCommitPlugin final : public nvinfer1::IPluginV3,
-                              public nvinfer1::IPluginV3OneCore,
+                              public GdnPluginNamed<nvinfer1::IPluginV3OneCore, GdnCommitPlugin>, // IPluginV3OneCore
                               public PluginBuildBase,
                               public nvinfer1::IPluginV3OneRuntime
 {
@@ -44,20 +44,6 @@ public:
     // IPluginV3
     nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
     nvinfer1::IPluginV3* clone() noexcept override;
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override
-    {
-        return kName;
-    }
-    char const* getPluginVersion() const noexcept override
-    {
-        return spec::kPluginVersion;
-    }
-    char const* getPluginNamespace() const noexcept override
-    {
-        return spec::kPluginNamespace;
-    }
 
     // IPluginV3OneBuild(V2)
     int32_t getNbOutputs() const noexcept override
