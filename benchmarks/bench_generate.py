@@ -321,11 +321,11 @@ def fla_status() -> str:
 def _random_states(folder, B: int, past: int, capacity: int, gen) -> dict:
     """Decode states of B sequences at past length ``past``: random GDN states, KV caches random in the filled
     slots (the rest zero)."""
-    from gdn_deploy.runtime.generation import _DTYPES
+    from gdn_deploy.runtime.states import STATE_DTYPES
     out = {}
     for s in folder.states:
         shape = [B if d == "B" else capacity if d == "S" else int(d) for d in s.decode_shape]
-        x = torch.randn(shape, generator=gen).to(_DTYPES[s.dtype]) * 0.1
+        x = torch.randn(shape, generator=gen).to(STATE_DTYPES[s.dtype]) * 0.1
         if s.kind == "attention":
             x[:, :, past:] = 0
         out[s.decode_input] = x

@@ -17,11 +17,10 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
-from ..lm.model import padded_view
 from .folder import ExportFolder
-from .generation import _DTYPES, empty_state_feed, pack_prompts
-from .ort_binding import bound_states_for
+from .generation import pack_prompts, prefill_feed, state_holder
 from .sampling import Sampler, SamplingConfig
+from .states import STATE_DTYPES, StateHolder, TensorStates, empty_state_feed, last_token_logits
 
 __all__ = ["prefill", "check_states", "grow_states", "Conversation"]
 
@@ -36,7 +35,7 @@ def check_states(folder: ExportFolder, states: dict[str, Tensor], n: int, past: 
     S = None
     for s in folder.states:
         x = states[s.prefill_input]
-        if x.dtype != _DTYPES[s.dtype]:
+        if x.dtype != STATE_DTYPES[s.dtype]:
             raise UsageError(f"past state {s.prefill_input}: dtype {str(x.dtype).replace('torch.', '')}, the graphs "
                              f"take {s.dtype}")
         if "S" in s.decode_shape and x.dim() == len(s.decode_shape):
@@ -66,33 +65,24 @@ def grow_states(folder: ExportFolder, states: dict[str, Tensor], capacity: int) 
     return out
 
 
-def _run(folder, backend, prompts, past, states, bound=None):
-    ids, cu, _ = pack_prompts(prompts, backend.device)
-    pos = torch.tensor([p + j for p, q in zip(past, prompts) for j in range(len(q))], dtype=torch.long,
-                       device=backend.device)
-    feed = {"input_ids": ids, "cu_seqlens": cu, "positions": pos, "pad_index": padded_view(cu, backend.device)}
-    if bound is not None:                         # states bound in place (ort_binding.py): they stay in `bound`
-        bound.load(states)
-        all_logits = folder.meta.get("generation", {}).get("prefill_logits") == "all"
-        out = bound.run("prefill", feed, rows=int(ids.shape[0]) if all_logits else len(prompts))
-        out.update(bound.state_dict())
-    else:
-        out = backend.run("prefill", {**feed, **{k: v.to(backend.device) for k, v in states.items()}})
-    logits = out["logits"]
-    if logits.shape[0] != len(prompts):           # every token's logits: keep each sequence's last
-        logits = logits.index_select(0, (cu[1:].long() - 1).to(logits.device))
-    if bound is not None:
-        return logits, {s.prefill_input: out[s.decode_input] for s in folder.states}
-    return logits, {s.prefill_input: out[s.prefill_output] for s in folder.states}
+def _run(holder: StateHolder, prompts, past) -> Tensor:
+    """Prefill ``prompts`` at past lengths ``past`` from the holder's states (left there updated); the last
+    tokens' logits."""
+    dev = holder.backend.device
+    ids, cu, _ = pack_prompts(prompts, dev)
+    pos = torch.tensor([p + j for p, q in zip(past, prompts) for j in range(len(q))], dtype=torch.long, device=dev)
+    return last_token_logits(holder.run("prefill", prefill_feed(holder.folder, ids, cu, pos))["logits"], cu)
 
 
 def prefill(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], states: Optional[dict] = None,
-            past: Optional[Sequence[int]] = None, capacity: Optional[int] = None, bound=None):
+            past: Optional[Sequence[int]] = None, capacity: Optional[int] = None,
+            holder: Optional[StateHolder] = None):
     """Prefill ``prompts`` (new token ids per sequence, >= 1 each) at past lengths ``past`` (default 0) continuing
     from ``states`` (default: zero states with KV caches of ``capacity`` slots, default just enough).
-    Returns (logits [N, vocab] of each sequence's last token, the states after it, by input name). With ``bound``
-    (:class:`~gdn_deploy.runtime.ort_binding.BoundStates`) the states are bound in place and end up in it too (the
-    returned tensors are its buffers, updated by its next run)."""
+    Returns (logits [N, vocab] of each sequence's last token, the states after it, by input name). The states end
+    up in ``holder`` (default: a new :class:`~gdn_deploy.runtime.states.TensorStates`; a
+    :func:`~gdn_deploy.runtime.generation.state_holder`'s, e.g. onnxruntime's bound states, for decoding on): the
+    returned tensors are its own, which a bound holder's next run updates in place."""
     if not folder.prefill_continues:
         raise UsageError(f"{folder.path}: its prefill graph starts from empty states (exported by an earlier "
                          "gdn-deploy); re-export it to continue a prompt")
@@ -106,14 +96,18 @@ def prefill(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], sta
     if states is None:
         states = empty_state_feed(folder, N, capacity or max(p + max(lens) for p in past))
     check_states(folder, states, N, past, lens)
+    holder = TensorStates(folder, backend) if holder is None else holder
     if N > 1 and any(past) and max(lens) > 1 and getattr(backend, "name", "") == "onnxruntime":
-        parts = [_run(folder, backend, [prompts[i]], [past[i]], {k: v[i:i + 1] for k, v in states.items()})
-                 for i in range(N)]
-        states = {k: torch.cat([p[1][k] for p in parts]) for k in parts[0][1]}
-        if bound is not None:
-            bound.load(states)
-        return torch.cat([p[0] for p in parts]), states
-    return _run(folder, backend, prompts, past, states, bound)
+        logits, parts = [], []
+        for i in range(N):
+            one = TensorStates(folder, backend)
+            one.load({k: v[i:i + 1] for k, v in states.items()})
+            logits.append(_run(one, [prompts[i]], [past[i]]))
+            parts.append(one.prefill_states())
+        holder.load({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+        return torch.cat(logits), holder.prefill_states()
+    holder.load(states)
+    return _run(holder, prompts, past), holder.prefill_states()
 
 
 class Conversation:
@@ -142,8 +136,8 @@ class Conversation:
                              f"model's position limit (max_position_embeddings={limit})")
         cap = past + len(new) + max_new_tokens
         states = None if self.states is None else grow_states(self.folder, self.states, cap)
-        bound = bound_states_for(self.folder, self.backend)   # onnxruntime: states bound in place
-        logits, states = prefill(self.folder, self.backend, [new], states, [past], capacity=cap, bound=bound)
+        holder = state_holder(self.folder, self.backend)
+        logits, _ = prefill(self.folder, self.backend, [new], states, [past], capacity=cap, holder=holder)
         self.fed += new
         sampler = Sampler(self.sampling, [self.fed], V, device=logits.device)
         out: list[int] = []
@@ -155,15 +149,7 @@ class Conversation:
                 break
             feed = {"input_ids": torch.tensor([t], device=dev),
                     "positions": torch.tensor([len(self.fed)], device=dev)}
-            if bound is not None:
-                res = bound.run("decode", feed)
-            else:
-                res = self.backend.run("decode", {**feed, **{s.decode_input: states[s.prefill_input]
-                                                             for s in self.folder.states}})
-                states = {s.prefill_input: res[s.decode_output] for s in self.folder.states}
-            logits = res["logits"]
+            logits = holder.run("decode", feed)["logits"]
             self.fed.append(t)
-        if bound is not None:
-            states = {s.prefill_input: bound.current[s.decode_input] for s in self.folder.states}
-        self.states, self.pending = states, out[-1:]
+        self.states, self.pending = holder.prefill_states(), out[-1:]
         return out

@@ -20,13 +20,15 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
-from ..lm.model import padded_view, scatter_packed
+from ..lm.model import padded_view
 from .folder import ExportFolder
 from .ort_binding import bound_states_for
 from .sampling import Sampler, SamplingConfig
+from .states import StateHolder, TensorStates, decode_states_after_prefill, empty_state_feed, last_token_logits
 from .streaming import TextStream, accept_token, check_stop_strings
 
-__all__ = ["GenerationResult", "generate", "check_prompts", "pack_prompts", "prefill", "empty_state_feed"]
+__all__ = ["GenerationResult", "generate", "check_prompts", "pack_prompts", "prefill_feed", "fresh_prefill_feed",
+           "state_holder", "empty_state_feed", "decode_states_after_prefill"]
 
 
 @dataclass
@@ -93,47 +95,31 @@ def pack_prompts(prompts: Sequence[Sequence[int]], device=None) -> tuple[Tensor,
     return ids, torch.tensor(cu, dtype=torch.int32, device=device), pos
 
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def empty_state_feed(folder: ExportFolder, n: int, capacity: int, device=None) -> dict[str, Tensor]:
-    """Zero prefill state inputs of ``n`` sequences (KV caches of ``capacity`` slots) by prefill input name."""
-    out = {}
-    for s in folder.states:
-        if s.prefill_input:
-            shape = [_dim(d, {"B": n, "S": capacity}) for d in s.decode_shape]
-            out[s.prefill_input] = torch.zeros(shape, dtype=_DTYPES[s.dtype], device=device)
-    return out
-
-
-def fresh_prefill_feed(folder: ExportFolder, ids: Tensor, cu: Tensor, pos: Tensor, capacity: int) -> dict[str, Tensor]:
-    """The prefill graph's feed for packed prompts that start from empty states (KV caches of ``capacity``)."""
+def prefill_feed(folder: ExportFolder, ids: Tensor, cu: Tensor, pos: Tensor) -> dict[str, Tensor]:
+    """The prefill graph's inputs other than the states for packed prompts (``pos``: each token's position)."""
     feed = {"input_ids": ids, "cu_seqlens": cu}
     if folder.has_positions:
         feed["positions"] = pos
     if folder.prefill_continues:
         feed["pad_index"] = padded_view(cu, ids.device)
-    feed.update(empty_state_feed(folder, int(cu.shape[0]) - 1, capacity, ids.device))
     return feed
 
 
-def decode_states_after_prefill(folder: ExportFolder, out: dict, cu: Tensor, capacity: int) -> dict[str, Tensor]:
-    """The decode graph's state inputs from a prefill's outputs (by decode input name)."""
-    states: dict[str, Tensor] = {}
-    for s in folder.states:
-        x = out[s.prefill_output]
-        old_form = s.kind == "attention" and not s.prefill_input   # earlier folders: packed keys/values
-        states[s.decode_input] = scatter_packed(x, cu.to(x.device), capacity) if old_form else x
-    return states
+def fresh_prefill_feed(folder: ExportFolder, ids: Tensor, cu: Tensor, pos: Tensor, capacity: int) -> dict[str, Tensor]:
+    """The prefill graph's feed for packed prompts that start from empty states (KV caches of ``capacity``)."""
+    n = int(cu.shape[0]) - 1
+    return {**prefill_feed(folder, ids, cu, pos), **empty_state_feed(folder, n, capacity, ids.device)}
+
+
+def state_holder(folder: ExportFolder, backend) -> StateHolder:
+    """Where generation keeps the states on ``backend``: bound in place on onnxruntime where the graphs allow it
+    (:class:`.ort_binding.BoundStates`), else tensors in and out (:class:`.states.TensorStates`)."""
+    return bound_states_for(folder, backend) or TensorStates(folder, backend)
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _dim(d, sizes: dict) -> int:
-    return int(sizes[d]) if isinstance(d, str) else int(d)
 
 
 def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, Sequence[int]],
@@ -148,29 +134,22 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
         raise UsageError("stop strings and streamed text need a tokenizer (the folder has no tokenizer.json)")
     dev = backend.device
     ids, cu, pos = pack_prompts(prompts, dev)
-    N, T = len(prompts), int(ids.shape[0])
+    N = len(prompts)
     if folder.interop:
         from ..export.interop import require_equal_lengths
         require_equal_lengths(cu)
     lens = [len(p) for p in prompts]
     capacity = max(lens) + max_new_tokens
-    feed = fresh_prefill_feed(folder, ids, cu, pos, capacity)
-    bound = bound_states_for(folder, backend)     # onnxruntime: states bound in place (None: tensors in and out)
+    states = state_holder(folder, backend)
+    states.start(N, capacity)
+    feed = prefill_feed(folder, ids, cu, pos)
     _sync(dev)
     t0 = time.perf_counter()
-    if bound is not None:
-        bound.load(feed)
-        out = bound.run("prefill", feed, rows=T if folder.meta.get("generation", {}).get("prefill_logits") == "all"
-                        else N)
-    else:
-        out = backend.run("prefill", feed)
+    out = states.run("prefill", feed)
     _sync(dev)
     t_prefill = time.perf_counter() - t0
-    logits = out["logits"]
-    if logits.shape[0] != N:                      # every token's logits: keep each sequence's last
-        logits = logits.index_select(0, (cu[1:].long() - 1).to(logits.device))
+    logits = last_token_logits(out["logits"], cu)
     prefill_logits = logits.float().cpu()
-    states = decode_states_after_prefill(folder, out, cu, capacity) if bound is None else None
     eos = set(folder.eos_token_ids if eos_token_ids is None else eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]
     finished = [False] * N
@@ -196,22 +175,17 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
             rows = torch.tensor(keep, dtype=torch.long)
             alive = [alive[r] for r in keep]
             nxt, positions = nxt[rows.to(nxt.device)], positions[rows.to(positions.device)]
-            if bound is not None:
-                bound.select(rows)
-            else:
-                states = {k: v.index_select(0, rows.to(v.device)) for k, v in states.items()}
-        feed = {"input_ids": nxt.to(dev), **(states or {})}
+            states.select(rows)
+        feed = {"input_ids": nxt.to(dev)}
         if folder.has_positions:
             feed["positions"] = positions.to(dev)
         _sync(dev)
         t0 = time.perf_counter()
-        out = backend.run("decode", feed) if bound is None else bound.run("decode", feed)
+        out = states.run("decode", feed)
         _sync(dev)
         t_decode += time.perf_counter() - t0
         steps, produced = steps + 1, produced + len(alive)
         logits = out["logits"]
-        if bound is None:
-            states = {s.decode_input: out[s.decode_output] for s in folder.states}
         positions = positions + 1
     return GenerationResult(tokens, prefill_logits, t_prefill, t_decode, steps, produced, finished, reasons,
                             None if streams is None else [s.text for s in streams], sampler.seed)

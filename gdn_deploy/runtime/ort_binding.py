@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .folder import ExportFolder, StateSpec
+from .states import StateHolder
 
 __all__ = ["BoundStates", "bound_states_for", "in_place_caches", "GQA_OP"]
 
@@ -85,12 +86,13 @@ def bound_states_for(folder: ExportFolder, backend) -> Optional["BoundStates"]:
     return BoundStates(folder, backend)
 
 
-class BoundStates:
-    """The states of a batch of sequences on the backend's state device, bound to its sessions' inputs/outputs.
+class BoundStates(StateHolder):
+    """The states of a batch of sequences on the backend's state device, bound to its sessions' inputs/outputs
+    (the :class:`~gdn_deploy.runtime.states.StateHolder` interface).
 
     :meth:`load` takes states (by decode input name, as a prefill feed or :meth:`state_dict` gives them),
     :meth:`run` runs a graph on its other inputs and returns its other outputs (logits, ...), leaving the updated
-    states here; :meth:`select` keeps some batch rows; :meth:`state_dict` returns the current tensors (no copy)."""
+    states here; ``select`` keeps some batch rows; ``state_dict`` returns the current tensors (no copy)."""
 
     def __init__(self, folder: ExportFolder, backend):
         self.folder, self.backend = folder, backend
@@ -110,30 +112,16 @@ class BoundStates:
             if s.kind != "attention":
                 self.spare[s.decode_input] = torch.empty_like(x)
 
-    def state_dict(self) -> dict[str, Tensor]:
-        """The current states by decode input name: this object's buffers, not copies (its later runs write
-        into them: clone what must outlive them)."""
-        return dict(self.current)
-
-    def select(self, rows: Tensor) -> None:
-        """Keep batch rows ``rows`` (finished sequences leave the batch)."""
-        rows = rows.to(self.device)
-        self.load({k: v.index_select(0, rows) for k, v in self.current.items()})
-
-    @property
-    def batch(self) -> int:
-        return int(next(iter(self.current.values())).shape[0]) if self.current else 0
-
     # ---- running -----------------------------------------------------------------------------------
     def _bind(self, binding, name: str, t: Tensor, output: bool) -> None:
         dev = t.device
         args = (name, dev.type, dev.index or 0, _ONNX_TYPE[t.dtype], list(t.shape), t.data_ptr())
         (binding.bind_output if output else binding.bind_input)(*args)
 
-    def run(self, graph: str, feed: Mapping[str, Tensor], rows: Optional[int] = None) -> dict[str, Tensor]:
+    def run(self, graph: str, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Run ``graph`` ("prefill" or "decode") on ``feed`` (its non-state inputs; state inputs in it are
-        ignored) and the current states; the states become the graph's outputs. ``rows``: the logits' first
-        dim (default: the batch). Returns the non-state outputs (logits on the state device, others on the CPU)."""
+        ignored) and the current states; the states become the graph's outputs. Returns the non-state outputs
+        (logits on the state device, others on the CPU)."""
         sess = self.backend._open(graph)
         binding = sess.io_binding()
         keep = []
@@ -155,7 +143,7 @@ class BoundStates:
                 buf = self.current[s.decode_input] if s.kind == "attention" else self.spare[s.decode_input]
                 self._bind(binding, o.name, buf, True)
             elif o.name == "logits" and o.type in _TORCH_TYPE:
-                n = self.batch if rows is None else int(rows)
+                n = self.logit_rows(graph, feed)
                 results[o.name] = torch.empty((n, self.folder.vocab_size), dtype=_TORCH_TYPE[o.type],
                                               device=self.device)
                 self._bind(binding, o.name, results[o.name], True)

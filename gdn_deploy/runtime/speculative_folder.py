@@ -15,11 +15,10 @@ from torch import Tensor
 
 from ..errors import LoadError, UsageError
 from .folder import ExportFolder
-from .generation import decode_states_after_prefill, fresh_prefill_feed
+from .generation import fresh_prefill_feed
+from .states import STATE_DTYPES, decode_states_after_prefill, last_token_logits
 
 __all__ = ["FolderTarget", "FolderMTPRunner", "speculative_graphs_of"]
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def speculative_graphs_of(folder: ExportFolder, mode: str) -> dict:
@@ -52,14 +51,11 @@ class FolderTarget:
                                 and t["name"] not in self.factor_names]
 
     def prefill(self, ids: Tensor, cu: Tensor, capacity: int):
-        N, T = cu.shape[0] - 1, ids.shape[0]
+        T = ids.shape[0]
         pos = torch.cat([torch.arange(int(n)) for n in (cu[1:] - cu[:-1]).tolist()]) if T else ids.new_zeros(0)
         out = self.backend.run("prefill", fresh_prefill_feed(self.folder, ids, cu, pos, capacity))
-        logits = out["logits"]
-        if logits.shape[0] != N:                  # every token's logits: keep each sequence's last
-            logits = logits.index_select(0, cu[1:].long() - 1)
         states = decode_states_after_prefill(self.folder, out, cu, capacity)
-        return logits.float(), states, out.get("hidden")
+        return last_token_logits(out["logits"], cu).float(), states, out.get("hidden")
 
     def verify(self, inp: Tensor, pos: Tensor, states: Mapping[str, Tensor]):
         out = self.backend.run("verify", {"input_ids": inp, "positions": pos, **states})
@@ -90,14 +86,14 @@ class FolderMTPRunner:
         info = folder.meta["graphs"]["draft"]
         self.caches_in = [t for t in info["inputs"] if t["name"].startswith("mtp_")]
         self.cache_out = {t["name"]: t["name"].replace("_cache_", "_cache_out_") for t in self.caches_in}
-        self.hidden_dtype = _DTYPES[next(t["dtype"] for t in info["inputs"] if t["name"] == "hidden")]
+        self.hidden_dtype = STATE_DTYPES[next(t["dtype"] for t in info["inputs"] if t["name"] == "hidden")]
         self.caches: dict[str, Tensor] = {}
 
     def start(self, B: int, capacity: int, device) -> None:
         self.caches = {}
         for t in self.caches_in:
             shape = [B if d == "B" else capacity if d == "S" else int(d) for d in t["shape"]]
-            self.caches[t["name"]] = torch.zeros(shape, dtype=_DTYPES[t["dtype"]])
+            self.caches[t["name"]] = torch.zeros(shape, dtype=STATE_DTYPES[t["dtype"]])
 
     def run(self, tokens: Tensor, normed: Tensor, positions: Tensor, last: Tensor, step: int):
         out = self.backend.run("draft", {"input_ids": tokens, "hidden": normed.to(self.hidden_dtype),

@@ -1,7 +1,9 @@
-// What the gdn TensorRT plugins of the q/k/v ops (prefill, decode, verify) share, written once: GdnPluginBase<Derived, Params> implements the IPluginV3
-// boilerplate (capability interfaces, name/namespace/version, clone/attachToContext, field serialisation, output
-// dtypes, format combinations, configure/onShapeChange checks, enqueue) with every noexcept method catching and
-// reporting; GdnPluginCreator<Plugin> is the matching IPluginCreatorV3One. A plugin class only says what differs:
+// What the gdn TensorRT plugins of the q/k/v ops (prefill, decode, verify) share, written once:
+// GdnPluginBase<Derived, Params> implements the IPluginV3 boilerplate (capability interfaces, name/namespace/version
+// through GdnPluginNamed, clone/attachToContext, field serialisation, output dtypes, format combinations,
+// configure/onShapeChange checks, enqueue) with every noexcept method catching and reporting, and what
+// GdnPluginCreator<Plugin> (gdnPluginCreator.h) needs to create one from its fields. A plugin class only says what
+// differs:
 //
 //   static constexpr char const* kName;            // spec op name = plugin name
 //   static constexpr bool kHasStateMode;           // the op has the state_mode field
@@ -18,6 +20,7 @@
 // Inputs q, k, v, g, beta, A_log, dt_bias and output 0 (o) are bound here; the op binds its state buffers.
 #pragma once
 
+#include "gdnPluginCreator.h"
 #include "gdnPluginUtils.h"
 
 #include <exception>
@@ -34,7 +37,7 @@ constexpr int32_t kOutState = 1; // output 1: final_state / new_state / updated 
 
 template <typename Derived, typename Params>
 class GdnPluginBase : public nvinfer1::IPluginV3,
-                      public nvinfer1::IPluginV3OneCore,
+                      public GdnPluginNamed<nvinfer1::IPluginV3OneCore, Derived>, // IPluginV3OneCore
                       public PluginBuildBase,
                       public nvinfer1::IPluginV3OneRuntime
 {
@@ -47,6 +50,16 @@ public:
         mSerialized.setValues(mAttrs, Derived::kHasStateMode);
     }
     ~GdnPluginBase() override = default;
+
+    //! For GdnPluginCreator<Derived>: the op's fields (state_mode where it has one) and a plugin made from them.
+    static void fieldNames(FieldList& names)
+    {
+        names.setNames(Derived::kHasStateMode);
+    }
+    static Derived* fromFields(nvinfer1::PluginFieldCollection const* fc)
+    {
+        return new Derived(parseFields(fc, Derived::kHasStateMode, Derived::kName));
+    }
 
     GdnAttrs const& attrs() const noexcept
     {
@@ -75,20 +88,6 @@ public:
     nvinfer1::IPluginV3* clone() noexcept override
     {
         return copyWithRecorder("clone", mRecorder);
-    }
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override
-    {
-        return Derived::kName;
-    }
-    char const* getPluginVersion() const noexcept override
-    {
-        return spec::kPluginVersion;
-    }
-    char const* getPluginNamespace() const noexcept override
-    {
-        return spec::kPluginNamespace;
     }
 
     // IPluginV3OneBuild(V2)
@@ -381,53 +380,6 @@ private:
 
     FieldList mSerialized;
     nvinfer1::IErrorRecorder* mRecorder = nullptr;
-};
-
-//! IPluginCreatorV3One of `Plugin` (a GdnPluginBase): name, namespace, version, field names, createPlugin.
-template <typename Plugin>
-class GdnPluginCreator : public nvinfer1::IPluginCreatorV3One
-{
-public:
-    GdnPluginCreator()
-    {
-        mFieldNames.setNames(Plugin::kHasStateMode);
-    }
-    ~GdnPluginCreator() override = default;
-
-    char const* getPluginName() const noexcept override
-    {
-        return Plugin::kName;
-    }
-    char const* getPluginVersion() const noexcept override
-    {
-        return spec::kPluginVersion;
-    }
-    char const* getPluginNamespace() const noexcept override
-    {
-        return spec::kPluginNamespace;
-    }
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override
-    {
-        return mFieldNames.collection();
-    }
-    nvinfer1::IPluginV3* createPlugin(char const* name, nvinfer1::PluginFieldCollection const* fc,
-        nvinfer1::TensorRTPhase /*phase*/) noexcept override
-    {
-        try
-        {
-            GdnAttrs const attrs = parseFields(fc, Plugin::kHasStateMode, Plugin::kName);
-            return new Plugin(attrs);
-        }
-        catch (std::exception const& e)
-        {
-            reportError(nullptr,
-                std::string(Plugin::kName) + " createPlugin('" + (name ? name : "") + "'): " + e.what());
-        }
-        return nullptr;
-    }
-
-private:
-    FieldList mFieldNames;
 };
 
 } // namespace plugin

@@ -29,6 +29,26 @@ using PluginBuildBase = nvinfer1::IPluginV3OneBuildV2;
 using PluginBuildBase = nvinfer1::IPluginV3OneBuild;
 #endif
 
+//! `Interface` (IPluginV3OneCore or IPluginCreatorV3One) answering the name, version and namespace of `Plugin`
+//! (Plugin::kName, the spec's version and namespace): what a plugin and its creator both say.
+template <typename Interface, typename Plugin>
+class GdnPluginNamed : public Interface
+{
+public:
+    char const* getPluginName() const noexcept override
+    {
+        return Plugin::kName;
+    }
+    char const* getPluginVersion() const noexcept override
+    {
+        return spec::kPluginVersion;
+    }
+    char const* getPluginNamespace() const noexcept override
+    {
+        return spec::kPluginNamespace;
+    }
+};
+
 //! Thrown inside plugin methods; always caught before a noexcept boundary and reported.
 class GdnPluginError : public std::runtime_error
 {

@@ -325,20 +325,9 @@ PluginFieldCollection const* GdnCommitPlugin::getFieldsToSerialize() noexcept
     return nullptr;
 }
 
-IPluginV3* GdnCommitPluginCreator::createPlugin(
-    char const* name, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
+GdnCommitPlugin* GdnCommitPlugin::fromFields(PluginFieldCollection const* fc)
 {
-    try
-    {
-        GdnAttrs const attrs = parseFields(fc, true, GdnCommitPlugin::kName);
-        return new GdnCommitPlugin(attrs.stateMode);
-    }
-    catch (std::exception const& e)
-    {
-        reportError(nullptr, std::string(GdnCommitPlugin::kName) + " createPlugin('" + (name ? name : "") + "'): "
-            + e.what());
-    }
-    return nullptr;
+    return new GdnCommitPlugin(parseFields(fc, true, kName).stateMode);
 }
 
 } // namespace plugin

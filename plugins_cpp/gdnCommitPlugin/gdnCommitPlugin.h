@@ -1,12 +1,14 @@
 // TensorRT IPluginV3 for the ONNX op gdn::GatedDeltaCommit (speculative decoding): replays the first accepted[n]
 // rank-1 factors that GatedDeltaVerify (gdnVerifyPlugin) returned into each sequence's state,
 // S <- exp(g_t) S + k_t delta_t^T. Its inputs are the state and the factors, not q/k/v, so it does not go through
-// GdnPluginBase; it reuses the same field, dtype and shape helpers (gdnPluginUtils.h) and the same error handling
-// (every noexcept method catches and reports). state_mode 1 (pool): output 0 aliases input 'state' through
-// getAliasedInput (TensorRT >= 10.3, preview feature kALIASED_PLUGIN_IO_10_03); without it, and in state_mode 0,
-// enqueue copies the state into output 0 first and updates the copy.
+// GdnPluginBase; it reuses the same field, dtype and shape helpers (gdnPluginUtils.h), the same creator
+// (GdnPluginCreator, gdnPluginCreator.h) and the same error handling (every noexcept method catches and reports).
+// state_mode 1 (pool): output 0 aliases input 'state' through getAliasedInput (TensorRT >= 10.3, preview feature
+// kALIASED_PLUGIN_IO_10_03); without it, and in state_mode 0, enqueue copies the state into output 0 first and
+// updates the copy.
 #pragma once
 
+#include "gdnPluginCreator.h"
 #include "gdnPluginUtils.h"
 
 #include <string>
@@ -17,7 +19,7 @@ namespace plugin
 {
 
 class GdnCommitPlugin final : public nvinfer1::IPluginV3,
-                              public nvinfer1::IPluginV3OneCore,
+                              public GdnPluginNamed<nvinfer1::IPluginV3OneCore, GdnCommitPlugin>, // IPluginV3OneCore
                               public PluginBuildBase,
                               public nvinfer1::IPluginV3OneRuntime
 {
@@ -27,6 +29,13 @@ public:
     explicit GdnCommitPlugin(int32_t stateMode);
     ~GdnCommitPlugin() override = default;
 
+    //! For GdnPluginCreator<GdnCommitPlugin>: the state_mode field and a plugin made from it.
+    static void fieldNames(FieldList& names)
+    {
+        names.setStateModeNames();
+    }
+    static GdnCommitPlugin* fromFields(nvinfer1::PluginFieldCollection const* fc);
+
     int32_t stateMode() const noexcept
     {
         return mStateMode;
@@ -35,20 +44,6 @@ public:
     // IPluginV3
     nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
     nvinfer1::IPluginV3* clone() noexcept override;
-
-    // IPluginV3OneCore
-    char const* getPluginName() const noexcept override
-    {
-        return kName;
-    }
-    char const* getPluginVersion() const noexcept override
-    {
-        return spec::kPluginVersion;
-    }
-    char const* getPluginNamespace() const noexcept override
-    {
-        return spec::kPluginNamespace;
-    }
 
     // IPluginV3OneBuild(V2)
     int32_t getNbOutputs() const noexcept override
@@ -95,38 +90,7 @@ private:
     nvinfer1::IErrorRecorder* mRecorder = nullptr;
 };
 
-//! IPluginCreatorV3One of GdnCommitPlugin (field: state_mode).
-class GdnCommitPluginCreator : public nvinfer1::IPluginCreatorV3One
-{
-public:
-    GdnCommitPluginCreator()
-    {
-        mFieldNames.setStateModeNames();
-    }
-    ~GdnCommitPluginCreator() override = default;
-
-    char const* getPluginName() const noexcept override
-    {
-        return GdnCommitPlugin::kName;
-    }
-    char const* getPluginVersion() const noexcept override
-    {
-        return spec::kPluginVersion;
-    }
-    char const* getPluginNamespace() const noexcept override
-    {
-        return spec::kPluginNamespace;
-    }
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override
-    {
-        return mFieldNames.collection();
-    }
-    nvinfer1::IPluginV3* createPlugin(char const* name, nvinfer1::PluginFieldCollection const* fc,
-        nvinfer1::TensorRTPhase phase) noexcept override;
-
-private:
-    FieldList mFieldNames;
-};
+using GdnCommitPluginCreator = GdnPluginCreator<GdnCommitPlugin>; // field: state_mode
 
 } // namespace plugin
 } // namespace gdn

@@ -18,7 +18,7 @@ from gdn_deploy.export.loading import load_targets  # noqa: E402
 from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
 from gdn_deploy.runtime.backends import make_backend  # noqa: E402
 from gdn_deploy.runtime.folder import ExportFolder  # noqa: E402
-from gdn_deploy.runtime.generation import fresh_prefill_feed, generate, pack_prompts  # noqa: E402
+from gdn_deploy.runtime.generation import fresh_prefill_feed, generate, pack_prompts, state_holder  # noqa: E402
 from gdn_deploy.runtime.ort_binding import GQA_OP, BoundStates, bound_states_for, in_place_caches  # noqa: E402
 
 FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_vl", "qwen3_5_moe", "olmo_hybrid"]
@@ -40,6 +40,8 @@ def _backends(folder, gqa=True):
     the standard form: binding must fall back to tensors)."""
     bound, plain = (make_backend("onnxruntime", folder, bind_states=b, threads=1) for b in (True, False))
     assert (bound_states_for(folder, bound) is not None) == gqa and bound_states_for(folder, plain) is None
+    assert isinstance(state_holder(folder, bound), BoundStates) == gqa        # what generate/Conversation use
+    assert not isinstance(state_holder(folder, plain), BoundStates)
     return bound, plain
 
 
@@ -141,8 +143,8 @@ def test_chat_and_continued_prefill_equal_unbound(tmp_path_factory):
     res = []
     for be in (bound, plain):
         b = bound_states_for(folder, be)
-        _, st = prefill(folder, be, first, capacity=12, bound=b)
-        logits, st = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [3, 7], bound=b)
+        _, st = prefill(folder, be, first, capacity=12, holder=b)
+        logits, st = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [3, 7], holder=b)
         res.append((logits, {k: v.clone() for k, v in st.items()}))
     assert rel_err(res[0][0], res[1][0]) <= 1e-6
     for s in folder.states:
