@@ -23,6 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # the repository (also under the genai venv)
+from gdn_deploy.cli_util import OneLineParser  # noqa: E402
+
 
 def summarize(trace: str, skip: int = 1) -> dict:
     """Per op type: kernel ms per run and nodes per run over the trace's runs after the first ``skip``."""
@@ -50,7 +53,6 @@ def _prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[in
 
 
 def profile_ours(folder: str, args, prefix: str) -> tuple[str, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from gdn_deploy.runtime.backends import make_backend
     from gdn_deploy.runtime.folder import ExportFolder
     from gdn_deploy.runtime.generation import generate
@@ -95,7 +97,7 @@ def profile_genai(folder: str, args, prefix: str) -> tuple[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="profile_ort_decode.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--ours", metavar="FOLDER")
     src.add_argument("--genai", metavar="DIR")
