@@ -50,7 +50,7 @@ class ExportOptions:
                                        # way every graph ends up reading the folder's one weights.data
     max_context: int = 4096            # TensorRT profile: max KV-cache capacity S (hybrid models)
     all_logits: bool = False           # hybrid prefill returns every token's logits, not each sequence's last
-    stamp: bool = True                 # hybrid prefill/decode: trace a prefix of the layers, clone the rest
+    stamp: bool = True                 # hybrid prefill/decode: trace one layer of each kind, clone the rest
                                        # (layer_stamping.py; GDN_EXPORT_STAMP=0 traces every layer)
 
 
