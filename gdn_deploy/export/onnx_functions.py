@@ -31,6 +31,7 @@ new rows back (ScatterND) and leaves o = 0 for slot -1. The TensorRT copies drop
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import onnx
@@ -72,8 +73,10 @@ def overload_name(op: OpSpec, attrs: dict[str, Any], la_heads: int | None = None
     return key
 
 
+@functools.lru_cache(maxsize=None)
 def onnxruntime_has_linear_attention() -> bool:
-    """True when the installed onnxruntime registers ``com.microsoft::LinearAttention`` (its CPU kernel)."""
+    """True when the installed onnxruntime registers ``com.microsoft::LinearAttention`` (its CPU kernel); asked once
+    per process (listing onnxruntime's schemas takes ~0.2 s, and every exported graph asks)."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as C
         return any(s.name == "LinearAttention" and s.domain == LA_DOMAIN for s in C.get_all_operator_schema())
