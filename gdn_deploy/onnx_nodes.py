@@ -146,13 +146,17 @@ def write_tensorrt_onnx(path: str | Path, out: str | Path | None = None) -> Path
     (default :func:`tensorrt_onnx_path`) and return it; None when the model has no gdn nodes (e.g. an interop
     export), then nothing is written. External data is not loaded: the copy refers to the same weight files.
     onnxruntime's GroupQueryAttention nodes (whole hybrid models) become ScatterND + the standard Attention
-    (:func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`)."""
+    (:func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`); onnxruntime's MoE nodes become
+    standard ops (:func:`gdn_deploy.export.onnx_moe.expand_moe`, the form of :func:`~gdn_deploy.export.onnx_moe.
+    tensorrt_moe_form`)."""
     from .export.onnx_cache_attention import expand_cache_attention
+    from .export.onnx_moe import expand_moe, tensorrt_moe_form
     model = onnx.load(str(path), load_external_data=False)
     if not all_gdn_nodes(model):
         return None
     prepare_onnx_for_tensorrt(model)
     expand_cache_attention(model)
+    expand_moe(model, tensorrt_moe_form(Path(path).name))
     dst = Path(out) if out is not None else tensorrt_onnx_path(path)
     onnx.save_model(model, str(dst))
     return dst

@@ -4,8 +4,11 @@ Besides the common sidecar (:mod:`.metadata`) a hybrid export records:
 
 - ``model``: ``family``, ``architecture``, ``layer_types``, ``mlp_types``, ``num_layers``, ``notes`` (what the loader
   left out, e.g. a vision tower);
-  with MoE layers also ``moe``: how each graph computes them, ``{"prefill": "grouped", "decode": "gather"}``
-  (:mod:`gdn_deploy.lm.mlp`);
+  with MoE layers also ``moe``: how the onnxruntime graphs compute them (``prefill``; ``decode`` for decode,
+  decode_pool, verify and draft) and their TensorRT copies (``tensorrt``): ``{"prefill": "op", "decode": "op",
+  "tensorrt": {"prefill": "grouped", "decode": "gather"}}`` where onnxruntime has ``com.microsoft::MoE``, else
+  both as ``tensorrt`` (:mod:`gdn_deploy.lm.mlp`, :mod:`.onnx_moe`; folders written before the op have no
+  ``tensorrt``);
 - ``states``: every state tensor, in graph order: ``{"layer", "kind": "gdn"|"attention", "role":
   "conv"|"recurrent"|"key"|"value", "dtype", "prefill_output", "prefill_shape", "decode_input", "decode_output",
   "decode_shape"}`` (:func:`gdn_deploy.export.hybrid_graphs.hybrid_state_specs`);
@@ -41,8 +44,10 @@ def hybrid_metadata(meta: dict[str, Any], target: ExportTarget, outdir: Path,
     meta["model"].update(family=c.family, architecture=c.architecture, layer_types=list(c.layer_types),
                          mlp_types=list(c.mlp_types), num_layers=c.num_layers, notes=list(c.notes))
     if "moe" in c.mlp_types:
+        from .onnx_moe import tensorrt_moe_form
         meta["model"]["moe"] = {"prefill": HybridPrefillGraph(target.module).moe_impl,
-                                "decode": HybridDecodeGraph(target.module).moe_impl}
+                                "decode": HybridDecodeGraph(target.module).moe_impl,
+                                "tensorrt": {g: tensorrt_moe_form(g) for g in ("prefill", "decode")}}
     meta["states"] = hybrid_state_specs(target.module)
     speculative_metadata(meta, target)
     if "full_attention" in c.layer_types:

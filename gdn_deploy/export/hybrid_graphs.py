@@ -25,7 +25,8 @@ prompt passes the states a previous call returned, so it costs only its new toke
 needs >= 1 token, and past + L <= S for every sequence (the L padded rows are written; slots after a sequence's
 end are overwritten before they are read). onnxruntime's CPU GroupQueryAttention runs a prompt that continues from
 a past one sequence per call (runtimes split such batches: :func:`gdn_deploy.runtime.generation.prefill`).
-MoE layers run ``grouped`` in prefill and ``gather`` in decode (see :mod:`gdn_deploy.lm.mlp` for the cost).
+MoE layers run onnxruntime's ``com.microsoft::MoE`` where it can (``op``, :mod:`.onnx_moe`), else ``grouped`` in
+prefill and ``gather`` in decode, the forms the TensorRT copies hold (see :mod:`gdn_deploy.lm.mlp` for the cost).
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from .onnx_moe import onnxruntime_moe_form
 
 __all__ = ["HybridPrefillGraph", "HybridDecodeGraph", "hybrid_io", "hybrid_state_specs", "hybrid_example_feed",
            "HYBRID_DIM_DOCS"]
@@ -108,11 +111,12 @@ def _flatten(layer_types, states, model_dtype) -> list[Tensor]:
 
 
 class HybridPrefillGraph(nn.Module):
-    """``moe_impl``: "grouped" for export; the PyTorch runtime sets "routed"."""
+    """``moe_impl``: "op" for export (:func:`.onnx_moe.onnxruntime_moe_form`; "grouped" without the op); the PyTorch
+    runtime sets "routed"."""
 
     def __init__(self, model, all_logits: bool = False, hidden: bool = False):
         super().__init__()
-        self.net, self.all_logits, self.moe_impl = model, all_logits, "grouped"
+        self.net, self.all_logits, self.moe_impl = model, all_logits, onnxruntime_moe_form(model.dtype, "grouped")
         self.hidden = hidden
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, positions: Tensor, pad_index: Tensor, *flat: Tensor):
@@ -126,11 +130,11 @@ class HybridPrefillGraph(nn.Module):
 
 
 class HybridDecodeGraph(nn.Module):
-    """``moe_impl``: "gather" for export; the PyTorch runtime sets "routed"."""
+    """``moe_impl``: "op" for export ("gather" without the op); the PyTorch runtime sets "routed"."""
 
     def __init__(self, model):
         super().__init__()
-        self.net, self.moe_impl = model, "gather"
+        self.net, self.moe_impl = model, onnxruntime_moe_form(model.dtype, "gather")
 
     def forward(self, input_ids: Tensor, positions: Tensor, *flat: Tensor):
         self.net.set_moe_impl(self.moe_impl)

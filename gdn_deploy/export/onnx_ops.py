@@ -149,11 +149,14 @@ def translation_table(interop: str | None = None) -> dict:
         register_schemas()
         fns = dict(prefill=_prefill_translation, decode=_decode_translation, decode_pool=_decode_pool_translation)
     from ..lm.cache_attention import cache_attention  # noqa: F401  (registers torch.ops.gdn_export.cache_attention)
+    from ..lm.moe_op import moe  # noqa: F401  (registers torch.ops.gdn_export.moe)
     from .onnx_cache_attention import cache_attention_translation
+    from .onnx_moe import moe_translation
     table = {torch.ops.gdn.prefill.default: fns["prefill"], torch.ops.gdn.decode.default: fns["decode"],
              torch.ops.gdn.decode_pool_.default: fns["decode_pool"],
              torch.ops.gdn_export.decode_pool.default: fns["decode_pool"],
-             torch.ops.gdn_export.cache_attention.default: cache_attention_translation}
+             torch.ops.gdn_export.cache_attention.default: cache_attention_translation,
+             torch.ops.gdn_export.moe.default: moe_translation}
     if interop is None:     # the speculative ops have gdn nodes only (no LinearAttention form)
         table.update({torch.ops.gdn.verify.default: _verify_translation,
                       torch.ops.gdn.commit.default: _commit_translation})

@@ -5,8 +5,9 @@ by the TensorRT 10.x ONNX parser (onnx-tensorrt ``docs/operators.md`` of TensorR
 :func:`graph_op_problems` lists what in a model breaks that promise: an operator outside :data:`ALLOWED_OPS`, or
 one of the parser's restrictions on the operators we use (``axes`` of Squeeze / Unsqueeze / Slice / Reduce* and
 the ``axis`` of CumSum from initializers or constants; TopK ``sorted=1`` with ``K < 3840``).
-onnxruntime graphs may also hold ``com.microsoft::GroupQueryAttention`` (``ORT_ONLY_OPS``: their TensorRT copies
-replace it, :func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`); pass ``onnxruntime=True``.
+onnxruntime graphs may also hold ``com.microsoft::GroupQueryAttention`` and ``com.microsoft::MoE`` (``ORT_ONLY_OPS``:
+their TensorRT copies replace them, :func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`,
+:func:`gdn_deploy.export.onnx_moe.expand_moe`); pass ``onnxruntime=True``.
 The gdn nodes' function bodies are onnxruntime's alone (the TensorRT copies drop them: plugins); besides standard
 ops the dense-state decode body may hold ``com.microsoft::LinearAttention`` (``ORT_BODY_OPS``,
 :mod:`gdn_deploy.export.onnx_functions`). ``tests/export/test_hybrid_export.py`` holds every exported graph to it.
@@ -18,7 +19,7 @@ import onnx
 __all__ = ["ALLOWED_OPS", "GDN_OPS", "ORT_ONLY_OPS", "ORT_BODY_OPS", "graph_op_problems"]
 
 GDN_OPS = frozenset({"GatedDeltaPrefill", "GatedDeltaDecode"})
-ORT_ONLY_OPS = frozenset({("com.microsoft", "GroupQueryAttention")})
+ORT_ONLY_OPS = frozenset({("com.microsoft", "GroupQueryAttention"), ("com.microsoft", "MoE")})
 ORT_BODY_OPS = frozenset({("com.microsoft", "LinearAttention")})     # inside gdn decode function bodies only
 ALLOWED_OPS = frozenset({
     # tensor plumbing

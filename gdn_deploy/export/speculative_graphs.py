@@ -41,6 +41,7 @@ from ..lm.mlp import SparseMoE
 from ..lm.mtp import lm_head_logits
 from ..lm.speculative_steps import conv_commit, uniform_cu_seqlens, verify_step
 from .hybrid_graphs import _dtype_name, hybrid_state_specs
+from .onnx_moe import onnxruntime_moe_form
 
 __all__ = ["SPECULATIVE_GRAPHS", "HybridVerifyGraph", "HybridCommitGraph", "HybridDraftGraph", "speculative_io",
            "speculative_module", "speculative_example_feed", "commit_names", "mtp_cache_specs"]
@@ -115,11 +116,11 @@ def speculative_io(model, graph: str, head=None) -> tuple[list[dict], list[dict]
 
 
 class HybridVerifyGraph(nn.Module):
-    """``moe_impl``: "gather" for export (as decode); the PyTorch runtime sets "routed"."""
+    """``moe_impl``: as decode ("op", or "gather" without the op); the PyTorch runtime sets "routed"."""
 
     def __init__(self, model, hidden: bool = False):
         super().__init__()
-        self.net, self.hidden, self.moe_impl = model, hidden, "gather"
+        self.net, self.hidden, self.moe_impl = model, hidden, onnxruntime_moe_form(model.dtype, "gather")
 
     def forward(self, input_ids: Tensor, positions: Tensor, *flat: Tensor):
         self.net.set_moe_impl(self.moe_impl)
@@ -160,14 +161,15 @@ class HybridCommitGraph(nn.Module):
 
 class HybridDraftGraph(nn.Module):
     """One call of the MTP head (its first layer) plus the shared embeddings and lm_head. ``moe_impl``: how an
-    MoE MLP of the head runs ("gather" for export, as decode)."""
+    MoE MLP of the head runs (as decode: "op", or "gather" without the op)."""
 
     def __init__(self, model, head):
         super().__init__()
         if len(head.layers) != 1:
             raise UsageError(f"draft: the MTP head has {len(head.layers)} layers; draft.onnx exports a one-layer "
                              "head (the layout of the Qwen3.5 / Qwen3-Next checkpoints)")
-        self.embed_tokens, self.lm_head, self.head, self.moe_impl = model.embed_tokens, model.lm_head, head, "gather"
+        self.embed_tokens, self.lm_head, self.head, self.moe_impl = model.embed_tokens, model.lm_head, head, \
+            onnxruntime_moe_form(model.embed_tokens.weight.dtype, "gather")
 
     def forward(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, last: Tensor, key_cache: Tensor,
                 value_cache: Tensor):

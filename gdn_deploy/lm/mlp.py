@@ -8,7 +8,7 @@ module per expert (``experts.{e}.gate_proj.weight`` ...) are stacked into this l
 MoE math (HF): router softmax in float32 over E experts, top-k, renormalised to sum 1 when ``norm_topk_prob``,
 cast to the model dtype; output = sum_k w_k * SwiGLU_{e_k}(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x).
 
-Four ways to compute the routed part (``SparseMoE.impl``), equal up to float summation order:
+Five ways to compute the routed part (``SparseMoE.impl``), equal up to float summation order:
 
 - ``"routed"`` (default, eager PyTorch): each expert runs only on the tokens routed to it (k/E of the dense
   FLOPs; data-dependent shapes, so not for export);
@@ -24,6 +24,9 @@ Four ways to compute the routed part (``SparseMoE.impl``), equal up to float sum
   routed FLOPs once ``M >= 24 (E+1)`` (E >= 4); expert matrices gathered per layer call <= ``(GROUPED_SLACK+1)*E
   + 2`` (``(M + E)/2 + 1`` for short prompts). Standard ONNX ops only (CumSum, ScatterElements, GatherND, batched
   MatMul), so the TensorRT copies keep it.
+- ``"op"``: router logits and expert weights into one op, :func:`gdn_deploy.lm.moe_op.moe` (routed compute
+  eagerly; one ``com.microsoft::MoE`` node in the onnxruntime graphs, ``grouped`` / ``gather`` ops in their
+  TensorRT copies): the onnxruntime graphs' choice where the installed onnxruntime has the op.
 """
 from __future__ import annotations
 
@@ -33,11 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .moe_op import moe as moe_op
 from .norms import wide
 
 __all__ = ["SwiGLU", "MoEConfig", "Experts", "SparseMoE", "MOE_IMPLS", "GROUPED_SLACK", "grouped_blocks"]
 
-MOE_IMPLS = ("routed", "gather", "dense", "grouped")
+MOE_IMPLS = ("routed", "gather", "dense", "grouped", "op")
 GROUPED_SLACK = 6           # padding budget of "grouped": about M/GROUPED_SLACK padding rows
 
 
@@ -165,7 +169,11 @@ class SparseMoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.impl not in MOE_IMPLS:
             raise ValueError(f"SparseMoE.impl: expected one of {MOE_IMPLS}, got {self.impl!r}")
-        idx, w = self.route(x)
-        routed = getattr(self.experts, self.impl)(x, idx, w)
+        if self.impl == "op":
+            e = self.experts
+            routed = moe_op(x, self.gate(x), e.gate_up_proj, e.down_proj, self.config.top_k, self.config.norm_topk_prob)
+        else:
+            idx, w = self.route(x)
+            routed = getattr(self.experts, self.impl)(x, idx, w)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared

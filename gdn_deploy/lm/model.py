@@ -11,7 +11,7 @@ State convention (one per layer kind; the ONNX graphs and the sidecar use the sa
 :meth:`HybridLM.forward_prefill` takes packed tokens of N sequences (``cu_seqlens``, int32) and returns logits of every token or of each
 sequence's last token; :meth:`HybridLM.forward_decode` takes one token per sequence and each sequence's position (= tokens already in
 its cache), so sequences of different lengths share one call. No data-dependent Python control flow on either
-path except the MoE's ``"routed"`` mode (the export wrappers pick ``"grouped"`` / ``"gather"``).
+path except the MoE's ``"routed"`` mode (the export wrappers pick ``"op"``, ``"grouped"`` / ``"gather"``).
 """
 from __future__ import annotations
 
@@ -138,7 +138,8 @@ class HybridLM(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def set_moe_impl(self, impl: str) -> None:
-        """``"routed"`` (eager default), ``"gather"``, ``"dense"`` or ``"grouped"`` for every MoE layer (lm.mlp)."""
+        """``"routed"`` (eager default), ``"gather"``, ``"dense"``, ``"grouped"`` or ``"op"`` for every MoE layer
+        (lm.mlp)."""
         if impl not in MOE_IMPLS:
             raise ValueError(f"moe impl: expected one of {MOE_IMPLS}, got {impl!r}")
         for m in self.modules():

@@ -175,7 +175,7 @@ def test_whole_model_prefill_equals_routed_pytorch_and_hf(tmp_path_factory, gen)
     hf, target, out, res = _moe_model(tmp_path_factory)
     assert all(r["ok"] for rows in res.verification.values() for r in rows)
     meta = json.loads((out / "gdn_model.json").read_text())
-    assert meta["model"]["moe"] == {"prefill": "grouped", "decode": "gather"}
+    assert meta["model"]["moe"] == {"prefill": "op", "decode": "op", "tensorrt": {"prefill": "grouped", "decode": "gather"}}
     from gdn_deploy.runtime.folder import ExportFolder
     from gdn_deploy.runtime.generation import fresh_prefill_feed
     folder = ExportFolder(out)
