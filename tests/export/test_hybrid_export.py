@@ -102,6 +102,12 @@ def test_exported_graphs_use_allowed_ops_only(family, tmp_path_factory):
         gdn = [n for n in model.graph.node if n.domain == "gdn"]
         assert len(gdn) == len(meta["model"]["config"]["layer_types"]) - meta["model"]["layer_types"].count(
             "full_attention")
+        ort_graph = onnx.load(str(out / info["file"]), load_external_data=False)
+        assert graph_op_problems(ort_graph, onnxruntime=True) == []
+        if g in ("prefill", "decode"):      # MoE layers: one com.microsoft::MoE node each (gdn_deploy.export.onnx_moe)
+            moe = [n for n in ort_graph.graph.node if n.op_type == "MoE" and n.domain == "com.microsoft"]
+            want = meta["model"]["mlp_types"].count("moe") if meta["model"].get("moe", {}).get(g) == "op" else 0
+            assert len(moe) == want, (g, len(moe), want)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

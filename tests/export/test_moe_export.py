@@ -203,3 +203,49 @@ def test_whole_model_prefill_equals_routed_pytorch_and_hf(tmp_path_factory, gen)
         flat = [t for s in states for t in s]
         for i, (o, s) in enumerate(zip(outs[1:], flat)):
             assert rel_err(torch.from_numpy(o), s.float()) <= 1e-4, (lens, i, rel_err(torch.from_numpy(o), s.float()))
+
+
+def test_whole_model_tensorrt_moe_forms_equal_the_op(tmp_path_factory, gen):
+    """The onnxruntime graphs hold one com.microsoft::MoE node per MoE layer; with those nodes expanded as the
+    TensorRT copies have them (grouped in prefill, gather in decode; the copies themselves hold plugin nodes
+    onnxruntime cannot run), prefill and then decode give the op graphs' outputs."""
+    from gdn_deploy.export.onnx_moe import expand_moe, tensorrt_moe_form
+    from gdn_deploy.runtime.folder import ExportFolder
+    from gdn_deploy.runtime.generation import fresh_prefill_feed
+    from gdn_deploy.lm.model import positions_from_cu_seqlens
+    hf, target, out, _ = _moe_model(tmp_path_factory)
+    folder = ExportFolder(out)
+    moe_layers = target.module.hybrid_config.mlp_types.count("moe")
+    sessions = {}
+    for g in ("prefill", "decode"):
+        model = onnx.load(str(out / f"{g}.onnx"), load_external_data=False)
+        assert sum(n.op_type == "MoE" and n.domain == "com.microsoft" for n in model.graph.node) == moe_layers
+        trt = onnx.load(str(out / f"{g}.trt.onnx"), load_external_data=False)
+        assert not any(n.op_type == "MoE" for n in trt.graph.node)
+        assert expand_moe(model, tensorrt_moe_form(f"{g}.onnx")) == moe_layers
+        path = out / f"{g}.expanded_moe.onnx"          # beside the graph: the shared weights file resolves
+        onnx.save_model(model, str(path))
+        try:
+            sessions[g] = (ort.InferenceSession(str(out / f"{g}.onnx"), providers=["CPUExecutionProvider"]),
+                           ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+        finally:
+            path.unlink()
+    lens = [5, 1, 17]
+    cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
+    ids = torch.randint(0, hf.config.vocab_size, (int(cu[-1]),), generator=gen)
+    feed = fresh_prefill_feed(folder, ids, cu, positions_from_cu_seqlens(cu, len(ids)), max(lens) + 2)
+    op, expanded = sessions["prefill"]
+    pf = {i.name: feed[i.name].numpy() for i in op.get_inputs()}
+    want, got = op.run(None, pf), expanded.run(None, pf)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert rel_err(torch.from_numpy(a), torch.from_numpy(b)) <= 1e-5, ("prefill", i)
+    op, expanded = sessions["decode"]
+    names = [i.name for i in op.get_inputs()]
+    dfeed = {"input_ids": torch.randint(0, hf.config.vocab_size, (3,), generator=gen).numpy(),
+             "positions": np.array(lens, dtype=feed["positions"].numpy().dtype)}
+    for s, v in zip(folder.states, want[1:]):
+        dfeed[s.decode_input] = v
+    assert sorted(dfeed) == sorted(names)
+    dwant, dgot = op.run(None, dfeed), expanded.run(None, dfeed)
+    for i, (a, b) in enumerate(zip(dgot, dwant)):
+        assert rel_err(torch.from_numpy(a), torch.from_numpy(b)) <= 1e-5, ("decode", i)
