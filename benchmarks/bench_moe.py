@@ -5,15 +5,21 @@ For each expert count (same active size: same top-k and expert width) and each M
 token count, with the expert rows the form computes relative to the routed rows ``T*k`` (FLOPs of the routed part)
 and, last, each form's time at the largest expert count over its time at the smallest:
 
-- ``grouped``  what ``prefill.onnx`` uses: rows sorted by expert into blocks (:func:`~gdn_deploy.lm.mlp.grouped_blocks`)
+- ``op``       what the onnxruntime graphs use where onnxruntime has it: one ``com.microsoft::MoE`` node
+               (:mod:`gdn_deploy.export.onnx_moe`; routed rows)
+- ``grouped``  what ``prefill.trt.onnx`` (and ``prefill.onnx`` without the op) uses: rows sorted by expert into blocks
+               (:func:`~gdn_deploy.lm.mlp.grouped_blocks`)
 - ``dense``    the earlier prefill form: every expert on every token (E/k times the routed FLOPs)
 - ``gather``   the decode form: each token gathers its k experts' weights (for reference; ``T*k`` expert matrices
                copied per call)
 
     python benchmarks/bench_moe.py [--experts 4,64] [--top-k 2] [--hidden 512] [--inter 256] [--shared 256]
-        [--tokens 512,2048,4096] [--forms grouped,dense] [--threads 1] [--reps 3] [--check] [--out DIR]
+        [--tokens 512,2048,4096] [--forms op,grouped,dense] [--threads 1] [--reps 3] [--check] [--memory]
+        [--out DIR]
 
-``--check`` adds each run's norm-relative error against the eager routed layer (float64). ``--out DIR`` writes
+``--check`` adds each run's norm-relative error against the eager routed layer (float64). ``--memory`` adds what
+creating each form's session costs in memory (a child process per form: peak and resident RSS above the process
+before the session, in MB; the layer's weights are stored in the .onnx file). ``--out DIR`` writes
 ``bench_moe.json`` there. One onnxruntime session alive at a time; no spinning threads.
 """
 from __future__ import annotations
@@ -39,10 +45,34 @@ def _ints(s: str) -> list[int]:
 
 
 def _rows(form: str, tokens: int, top_k: int, experts: int) -> int:
+    if form == "op":
+        return tokens * top_k
     if form == "grouped":
         rows, blocks = grouped_blocks(tokens, top_k, experts)
         return rows * blocks
     return tokens * (experts if form == "dense" else top_k)
+
+
+_LOAD_RSS = r"""
+import sys
+import onnxruntime as ort
+def status(key):   # kB
+    return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith(key + ":")))
+open("/proc/self/clear_refs", "w").write("5")      # the peak (VmHWM) restarts from the resident size here
+before = status("VmRSS")
+so = ort.SessionOptions()
+so.intra_op_num_threads = 1
+sess = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
+print((status("VmHWM") - before) / 1024, (status("VmRSS") - before) / 1024)
+"""
+
+
+def _load_memory(path: Path) -> tuple[float, float]:
+    """(peak, resident) MB that creating a session of ``path`` adds, in a fresh child process."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", _LOAD_RSS, str(path)], check=True, capture_output=True, text=True)
+    peak, resident = (float(v) for v in out.stdout.split())
+    return peak, resident
 
 
 def _export(moe: SparseMoE, form: str, path: Path, hidden: int) -> None:
@@ -64,10 +94,11 @@ def main(argv=None) -> int:
     ap.add_argument("--inter", type=int, default=256)
     ap.add_argument("--shared", type=int, default=256)
     ap.add_argument("--tokens", type=_ints, default=[512, 2048, 4096])
-    ap.add_argument("--forms", default="grouped,dense")
+    ap.add_argument("--forms", default="op,grouped,dense")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--memory", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     import onnxruntime as ort
@@ -88,6 +119,13 @@ def main(argv=None) -> int:
             for form in forms:
                 path = Path(tmp) / f"moe_{E}_{form}.onnx"
                 _export(moe, form, path, a.hidden)
+                if a.memory:
+                    peak, resident = _load_memory(path)
+                    weights = 3 * E * a.inter * a.hidden * 4 / 2**20
+                    print(f"{E:>7} {form:>8} session load: peak +{peak:.0f} MB, resident +{resident:.0f} MB "
+                          f"(expert weights {weights:.0f} MB)", flush=True)
+                    results.append({"experts": E, "form": form, "load_peak_mb": peak, "load_resident_mb": resident,
+                                    "expert_weights_mb": weights})
                 sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
                 for T in a.tokens:
                     x = torch.randn(T, a.hidden, generator=torch.Generator().manual_seed(T))
@@ -113,7 +151,7 @@ def main(argv=None) -> int:
     lo, hi = min(a.experts), max(a.experts)
     if lo != hi:
         print(f"time at {hi} experts / time at {lo} experts (same active size):")
-        t = {(r["experts"], r["form"], r["tokens"]): r["ms"] for r in results}
+        t = {(r["experts"], r["form"], r["tokens"]): r["ms"] for r in results if "ms" in r}
         for form in forms:
             print(f"  {form:>8}: " + ", ".join(f"T={T} {t[(hi, form, T)] / t[(lo, form, T)]:.2f}x" for T in a.tokens))
     if a.out:

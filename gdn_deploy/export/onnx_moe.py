@@ -5,8 +5,8 @@
   with gate and up rows interleaved, row ``2i`` = gate ``i``, row ``2i+1`` = up ``i``), ``activation_alpha=1``,
   ``activation_beta=0`` (silu(gate) * up), fc2 ``[E, hidden, I]``; the router input is the logits (the op takes
   softmax over all experts, then top-k; ``normalize_routing_weights`` renormalises the k weights). The weights
-  file keeps ``gate_up_proj`` as the checkpoint has it (gate rows, then up rows); the graph interleaves it with
-  Reshape / Transpose / Reshape of that initializer, which onnxruntime constant-folds when the session loads.
+  file keeps ``gate_up_proj`` as the checkpoint has it (gate rows, then up rows); the graph interleaves it with one
+  ``Gather`` of its rows (order ``0, I, 1, I+1, ...``), which onnxruntime constant-folds when the session loads.
 - TensorRT copies (``*.trt.onnx``): :func:`expand_moe` replaces every such node by standard ops (router softmax,
   TopK, then the ``grouped`` form of prefill or the ``gather`` form of decode, :mod:`gdn_deploy.lm.mlp`), reading
   the same interleaved fc1 (TensorRT folds the interleave of the constant weights when it builds).
@@ -116,10 +116,12 @@ def moe_translation(x, logits, gate_up_proj, down_proj, top_k: int, normalize: b
     from onnxscript.onnx_opset import opset18 as op
     _register()
     moe = onnxscript.values.Op(onnxscript.values.Opset(MOE_DOMAIN, 1), "MoE", moe_schema())
-    hidden = op.Shape(down_proj, start=1, end=2)                                # [1] int64
-    four = op.Concat(op.Constant(value_ints=[0, 2, -1]), hidden, axis=0)      # [E, 2, I, hidden]
-    rows = op.Transpose(op.Reshape(gate_up_proj, four), perm=[0, 2, 1, 3])     # [E, I, 2, hidden]
-    fc1 = op.Reshape(rows, op.Concat(op.Constant(value_ints=[0, -1]), hidden, axis=0))
+    # fc1 row 2i = gate row i, row 2i+1 = up row i: one Gather of gate_up_proj's rows [0, I, 1, I+1, ...]
+    two_i = op.Squeeze(op.Shape(gate_up_proj, start=1, end=2), op.Constant(value_ints=[0]))
+    order = op.Range(op.Constant(value_int=0), two_i, op.Constant(value_int=1))
+    order = op.Reshape(op.Transpose(op.Reshape(order, op.Constant(value_ints=[2, -1])), perm=[1, 0]),
+                       op.Constant(value_ints=[-1]))
+    fc1 = op.Gather(gate_up_proj, order, axis=1)
     return moe(x, logits, fc1, None, down_proj, k=int(top_k), activation_type="swiglu",
                normalize_routing_weights=int(bool(normalize)), swiglu_fusion=1, activation_alpha=1.0,
                activation_beta=0.0)
