@@ -2,7 +2,9 @@
 
 One SparseMoE layer exported alone and whole tiny Qwen3.5-MoE models with 64 experts, run by onnxruntime on CPU,
 against the routed PyTorch layer in float64 (random routing, every token on the same experts, lengths 1 to 300)
-and against HF. The block arithmetic of :func:`grouped_blocks` is checked against the worst routings.
+and against HF. The block arithmetic of :func:`grouped_blocks` is checked against the worst routings. The whole
+model's onnxruntime graphs hold com.microsoft::MoE (test_moe_op.py tests the op form): with those nodes expanded
+as the TensorRT copies hold them (grouped prefill, gather decode) they give the op graphs' outputs.
 """
 from __future__ import annotations
 
@@ -175,7 +177,8 @@ def test_whole_model_prefill_equals_routed_pytorch_and_hf(tmp_path_factory, gen)
     hf, target, out, res = _moe_model(tmp_path_factory)
     assert all(r["ok"] for rows in res.verification.values() for r in rows)
     meta = json.loads((out / "gdn_model.json").read_text())
-    assert meta["model"]["moe"] == {"prefill": "op", "decode": "op", "tensorrt": {"prefill": "grouped", "decode": "gather"}}
+    assert meta["model"]["moe"] == {"prefill": "op", "decode": "op",
+                                    "tensorrt": {"prefill": "grouped", "decode": "gather"}}
     from gdn_deploy.runtime.folder import ExportFolder
     from gdn_deploy.runtime.generation import fresh_prefill_feed
     folder = ExportFolder(out)
