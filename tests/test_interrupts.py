@@ -18,9 +18,16 @@ if not sys.platform.startswith("linux"):
     pytest.skip("reads /proc/<pid>/maps to see when torch is being loaded", allow_module_level=True)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_when_torch_loads(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """Start ``cmd``, send SIGINT as soon as torch's shared library is mapped (torch is being imported), wait."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
+    # SIGINT back to its default in the child: a shell without job control starts background jobs (`cmd &`) with
+    # SIGINT ignored, and an ignored signal stays ignored across exec, so Python would never see the Ctrl-C
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd,
+                         preexec_fn=_default_sigint)
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and p.poll() is None:
