@@ -30,6 +30,9 @@ repository's onnxruntime stays as it is): the config is saved as a Qwen3_5ForCon
 builder takes) with a word-level tokenizer; gdn-export and its builder (``-p fp32 -e cpu``) both export that folder;
 prefill of one prompt at --genai-prefill lengths and decode at --genai-batches (prompts of --prompt-len, --new
 tokens) run alternately, ours and then its (benchmarks/genai_runner.py in that Python), --repeats times; medians.
+Decode rows also give each side's CPU ms per step (the calling thread's CPU time: with --threads 1 onnxruntime runs
+in it, so other processes on a shared machine change it far less than the wall clock; ours over the decode calls,
+its over generate_next_token, which includes its sampling).
 
 --engine-batches 1,8,64 (cuda): per decode step in ms at each batch size (prompts of --prompt-len), side by side:
 the graphed engine (gdn_deploy.runtime.cuda_engine: state pools, one CUDA graph per batch bucket) fused by
@@ -482,15 +485,18 @@ def _side_decode(name, args, rows, folder, ours, genai, batches, gen, V):
     from gdn_deploy.runtime.generation import generate
     for B in batches:
         prompts = [torch.randint(0, V, (args.prompt_len,), generator=gen).tolist() for _ in range(B)]
-        a, b, agree = [], [], []
+        a, b, ca, cb, agree = [], [], [], [], []
         for _ in range(args.repeats):
             r = generate(folder, ours, prompts, args.new, eos_token_ids=[])
             a.append(r.decode_tokens / r.decode_seconds)
+            ca.append(r.decode_cpu_seconds / r.decode_steps * 1e3)
             g = genai.ask(op="decode", prompts=prompts, steps=args.new)
             b.append(B * (args.new - 1) / g["seconds"])
+            cb.append(g["cpu_seconds"] / (args.new - 1) * 1e3)
             agree.append(_agreement(r.tokens, g["tokens"]))
         rows.append(dict(config=name, kind="decode", batch=B, prompt_len=args.prompt_len, new=args.new,
                          ours_tok_s=_median(a), genai_tok_s=_median(b), ours_all=a, genai_all=b,
+                         ours_cpu_ms=_median(ca), genai_cpu_ms=_median(cb), ours_cpu_all=ca, genai_cpu_all=cb,
                          token_agreement=min(agree)))
         print(rows[-1], flush=True)
 
@@ -589,10 +595,11 @@ def side_by_side_tables(rows, args) -> list[str]:
                 f"{r['same_next_token']} |" for r in pre] + [""]
     dec = [r for r in rows if r["kind"] == "decode"]
     if dec:
-        out += ["| config | decode batch x prompt | gdn-export tok/s | onnxruntime-genai tok/s | token agreement |",
-                "|---|---|---|---|---|"]
+        out += ["| config | decode batch x prompt | gdn-export tok/s | onnxruntime-genai tok/s | gdn-export CPU ms "
+                "per step | onnxruntime-genai CPU ms per step | token agreement |", "|---|---|---|---|---|---|---|"]
         out += [f"| {r['config']} | {r['batch']} x {r['prompt_len']} | {r['ours_tok_s']:.1f} | "
-                f"{r['genai_tok_s']:.1f} | {r['token_agreement']:.2f} |" for r in dec] + [""]
+                f"{r['genai_tok_s']:.1f} | {r['ours_cpu_ms']:.1f} | {r['genai_cpu_ms']:.1f} | "
+                f"{r['token_agreement']:.2f} |" for r in dec] + [""]
     return out
 
 

@@ -10,7 +10,9 @@ onnxruntime-genai); the same prompts through its generator with its session prof
 genai_config.json is copied to a temporary folder with profiling and --threads set; the model files are linked).
 Both: the first profiled run (ours: the first decode step; genai: the prefill) is dropped, the op types' kernel
 times are summed over the remaining runs and divided by their count. Prints a markdown table (ms per step,
-nodes per step, share of the step) and, with --json, writes the numbers there.
+nodes per step, share of the step), the kernels' total beside the step (the rest: onnxruntime's own work between
+kernels) and the --top biggest single nodes with the bytes each reads (its inputs and weights, as the profiler
+counts them); with --json, writes the numbers there.
 """
 from __future__ import annotations
 
@@ -34,16 +36,23 @@ def summarize(trace: str, skip: int = 1) -> dict:
     if not runs:
         raise SystemExit(f"{trace}: fewer than {skip + 1} profiled runs")
     spans = [(r["ts"], r["ts"] + r["dur"]) for r in runs]
-    us, count = collections.Counter(), collections.Counter()
+    us, count, node_us, node_info = collections.Counter(), collections.Counter(), collections.Counter(), {}
     for e in ev:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and \
                 any(a <= e["ts"] <= b for a, b in spans):
-            op = e.get("args", {}).get("op_name", "?")
+            a = e.get("args", {})
+            op = a.get("op_name", "?")
             us[op] += e["dur"]
             count[op] += 1
+            node = e["name"][:-len("_kernel_time")]
+            node_us[node] += e["dur"]
+            node_info[node] = (op, int(a.get("activation_size", 0)) + int(a.get("parameter_size", 0)))
     n = len(runs)
-    return {"runs": n, "step_ms": sum(r["dur"] for r in runs) / n / 1e3,
-            "ops": [{"op": k, "ms": v / n / 1e3, "nodes": count[k] / n} for k, v in us.most_common()]}
+    kernels_ms = sum(us.values()) / n / 1e3
+    return {"runs": n, "step_ms": sum(r["dur"] for r in runs) / n / 1e3, "kernels_ms": kernels_ms,
+            "ops": [{"op": k, "ms": v / n / 1e3, "nodes": count[k] / n} for k, v in us.most_common()],
+            "nodes": [{"node": k, "op": node_info[k][0], "ms": v / n / 1e3, "bytes_read": node_info[k][1]}
+                      for k, v in node_us.most_common()]}
 
 
 def _prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -117,6 +126,10 @@ def main() -> int:
     print("| op | ms per step | nodes | share |\n|---|---|---|---|")
     for r in s["ops"][:args.top]:
         print(f"| {r['op']} | {r['ms']:.2f} | {r['nodes']:g} | {100 * r['ms'] / s['step_ms']:.1f}% |")
+    print(f"\nkernels {s['kernels_ms']:.1f} ms of the {s['step_ms']:.1f} ms step ({len(s['nodes'])} nodes); the "
+          f"{args.top} biggest nodes:\n\n| node | op | ms per step | MB read (inputs + weights) |\n|---|---|---|---|")
+    for r in s["nodes"][:args.top]:
+        print(f"| {r['node'][-60:]} | {r['op']} | {r['ms']:.2f} | {r['bytes_read'] / 1e6:.1f} |")
     if args.json:
         tmp = Path(args.json).with_suffix(".json.tmp")
         tmp.write_text(json.dumps(s, indent=1))

@@ -29,6 +29,7 @@ from torch import Tensor
 from .. import ops as _ops  # noqa: F401  (registers torch.ops.gdn.*)
 from ..spec import COMMIT, DECODE, PREFILL, SPEC, STATE_POOL, VERIFY, contract_error
 from .onnx_functions import BODIES, DEFAULT_BODY, MIN_OPSET, add_function_bodies
+from .onnx_norm_form import rsqrt_mul_as_div
 from .onnx_optimize import linear_multi_output_matching
 from ..onnx_nodes import gdn_nodes, stamp_plugin_attributes
 from .onnx_schemas import register_schemas
@@ -271,8 +272,8 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     """Export ``module`` (an ``nn.Module`` or ``ExportedProgram``) calling gdn ops to ONNX and save it to ``path``.
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
-    ``torch.onnx.export(dynamo=True, custom_translation_table=translation_table(interop))`` ->
-    function bodies (interop None; ``gdn_body`` "chunked" or "token" picks the prefill body, ``decode_body``
+    ``torch.onnx.export(dynamo=True, custom_translation_table=translation_table(interop))`` -> RMS norms in the
+    form onnxruntime fuses (:func:`.onnx_norm_form.rsqrt_mul_as_div`) -> function bodies (interop None; ``gdn_body`` "chunked" or "token" picks the prefill body, ``decode_body``
     "linear_attention" or "ops" the dense-state decode body, None: the default of :func:`add_function_bodies`) ->
     ``onnx.checker`` -> save (``external_data``: weights streamed to ``<path>.data`` one tensor at a time, never
     held as a second in-memory copy). Returns the ModelProto (without external weights loaded when saved externally).
@@ -354,6 +355,7 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
         model = onnx.load(path, load_external_data=False)
     else:
         model = prog.model_proto
+    rsqrt_mul_as_div(model.graph)          # RMS norms in the form onnxruntime fuses (onnx_norm_form.py)
     if interop is None:
         add_function_bodies(model, gdn_body, decode_body)
         stamp_plugin_attributes(model)     # TensorRT: node -> plugin (gdn namespace); onnxruntime ignores them

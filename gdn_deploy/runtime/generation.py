@@ -43,6 +43,8 @@ class GenerationResult:
     stop_reasons: list[str] = field(default_factory=list)  # "eos", "stop" (a stop string) or "length"
     texts: Optional[list[str]] = None       # with decode_text: each prompt's text (cut before a stop string)
     seed: Optional[int] = None              # the sampler's seed (given or drawn)
+    decode_cpu_seconds: float = 0.0         # the calling thread's CPU time in the decode calls (onnxruntime with
+                                            # 1 intra-op thread runs in it; other processes barely change it)
 
     @property
     def tokens_per_second(self) -> float:
@@ -158,7 +160,7 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     streams = [TextStream(decode_text, stop_strings) for _ in prompts] if decode_text is not None else None
     alive = list(range(N))                        # prompt index of each batch row
     positions = torch.tensor(lens, dtype=torch.long, device=dev)
-    t_decode, steps, produced = 0.0, 0, 0
+    t_decode, c_decode, steps, produced = 0.0, 0.0, 0, 0
     for step in range(max_new_tokens):
         nxt = sampler(logits, alive)
         keep = []
@@ -180,12 +182,13 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
         if folder.has_positions:
             feed["positions"] = positions.to(dev)
         _sync(dev)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = states.run("decode", feed)
         _sync(dev)
         t_decode += time.perf_counter() - t0
+        c_decode += time.thread_time() - c0
         steps, produced = steps + 1, produced + len(alive)
         logits = out["logits"]
         positions = positions + 1
     return GenerationResult(tokens, prefill_logits, t_prefill, t_decode, steps, produced, finished, reasons,
-                            None if streams is None else [s.text for s in streams], sampler.seed)
+                            None if streams is None else [s.text for s in streams], sampler.seed, c_decode)

@@ -111,6 +111,33 @@ def test_exported_graphs_use_allowed_ops_only(family, tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_rms_norms_fuse_in_onnxruntime(family, tmp_path_factory, tmp_path):
+    """Every RMS norm of the graphs onnxruntime runs is in the form its SimplifiedLayerNormFusion takes
+    (export/onnx_norm_form.py; the outputs against PyTorch: the export's verification and the tests above): no
+    ``Mul(x, Reciprocal(Sqrt(v)))`` is left in the main graph and the optimized session holds one
+    SimplifiedLayerNormalization per norm (per ReduceMean of the exported graph)."""
+    import onnxruntime as ort
+    _, _, out, _, _ = _export(family, tmp_path_factory)
+    meta = json.loads((out / "gdn_model.json").read_text())
+    for g in ("prefill", "decode"):
+        model = onnx.load(str(out / meta["graphs"][g]["file"]), load_external_data=False)
+        made = {o: n for n in model.graph.node for o in n.output}
+        left = [n.name for n in model.graph.node if n.op_type == "Mul" and any(
+            made.get(x) is not None and made[x].op_type == "Reciprocal" and made[x].input[0] in made
+            and made[made[x].input[0]].op_type == "Sqrt" for x in n.input)]
+        assert left == [], (g, left[:3])
+        norms = sum(n.op_type == "ReduceMean" for n in model.graph.node)
+        assert norms > 0
+        so = ort.SessionOptions()
+        so.optimized_model_filepath = str(tmp_path / f"{g}_optimized.onnx")
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{g}_opt.data")
+        ort.InferenceSession(str(out / meta["graphs"][g]["file"]), so, providers=["CPUExecutionProvider"])
+        opt = onnx.load(str(tmp_path / f"{g}_optimized.onnx"), load_external_data=False)
+        fused = sum(n.op_type == "SimplifiedLayerNormalization" for n in opt.graph.node)
+        assert fused == norms, (family, g, fused, norms)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_decode_bodies_equal_pytorch(family, tmp_path_factory, tmp_path):
     """The decode graph onnxruntime runs holds the fused LinearAttention step (sidecar ``decode_body``) and its
     TensorRT copy the plugin node; on a fresh decode feed (batch 5 at ragged positions, random states) the fused
