@@ -273,8 +273,9 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
     ``torch.onnx.export(dynamo=True, custom_translation_table=translation_table(interop))`` -> RMS norms in the
-    form onnxruntime fuses (:func:`.onnx_norm_form.rsqrt_mul_as_div`) -> function bodies (interop None; ``gdn_body`` "chunked" or "token" picks the prefill body, ``decode_body``
-    "linear_attention" or "ops" the dense-state decode body, None: the default of :func:`add_function_bodies`) ->
+    form onnxruntime fuses (:func:`.onnx_norm_form.rsqrt_mul_as_div`) -> function bodies (interop None;
+    ``gdn_body`` "chunked" or "token" picks the prefill body, ``decode_body`` "linear_attention" or "ops" the
+    dense-state decode body, None: the default of :func:`add_function_bodies`) ->
     ``onnx.checker`` -> save (``external_data``: weights streamed to ``<path>.data`` one tensor at a time, never
     held as a second in-memory copy). Returns the ModelProto (without external weights loaded when saved externally).
     With ``interop``, ``check_interop`` first runs ``module`` eagerly on ``args`` to check the
