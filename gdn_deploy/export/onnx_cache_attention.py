@@ -21,6 +21,8 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.defs import OpSchema
 
+from .onnx_graph import expand_nodes
+
 __all__ = ["cache_attention_translation", "gqa_schema", "expand_cache_attention", "ATTENTION_FORMS",
            "GQA_DOMAIN", "ATTENTION_OPSET", "onnxruntime_attention_form", "fit_for_onnxruntime"]
 
@@ -149,17 +151,10 @@ def expand_cache_attention(model: onnx.ModelProto, only=None) -> int:
     docstring); raises the default opset to :data:`ATTENTION_OPSET` when a node was replaced and drops the
     com.microsoft opset import when no such node is left. Returns the count."""
     g = model.graph
-    new, count = [], 0
-    for n in g.node:
-        if n.domain == GQA_DOMAIN and n.op_type == "GroupQueryAttention" and (only is None or only(n)):
-            new += _expand_node(n, f"cache_attn{count}")
-            count += 1
-        else:
-            new.append(n)
+    count = expand_nodes(g, lambda n: n.domain == GQA_DOMAIN and n.op_type == "GroupQueryAttention"
+                         and (only is None or only(n)), lambda n, i: _expand_node(n, f"cache_attn{i}"))
     if not count:
         return 0
-    del g.node[:]
-    g.node.extend(new)
     keep = []
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx"):

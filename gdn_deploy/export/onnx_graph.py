@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from ..spec import GATE_RAW
 
-__all__ = ["GraphBuilder", "value_info", "prepare_inputs", "repeat_heads", "FLOAT", "INT64"]
+__all__ = ["GraphBuilder", "value_info", "prepare_inputs", "repeat_heads", "expand_nodes", "FLOAT", "INT64"]
 
 FLOAT = TensorProto.FLOAT
 INT64 = TensorProto.INT64
@@ -63,6 +63,22 @@ class GraphBuilder:
         node.attribute.append(ref)
         self.nodes.append(node)
         return node.output[0]
+
+
+def expand_nodes(graph: onnx.GraphProto, match, expand) -> int:
+    """Replace (in place) every node of ``graph`` for which ``match(node)`` holds by the nodes
+    ``expand(node, index)`` returns (``index`` counts the replaced nodes from 0). Returns the count."""
+    new, count = [], 0
+    for n in graph.node:
+        if match(n):
+            new += expand(n, count)
+            count += 1
+        else:
+            new.append(n)
+    if count:
+        del graph.node[:]
+        graph.node.extend(new)
+    return count
 
 
 def value_info(name: str, rank: int, elem: int = FLOAT) -> onnx.ValueInfoProto:

@@ -26,6 +26,8 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.defs import OpSchema
 
+from .onnx_graph import expand_nodes
+
 __all__ = ["moe_translation", "moe_schema", "expand_moe", "onnxruntime_has_moe", "onnxruntime_moe_form",
            "tensorrt_moe_form", "MOE_DOMAIN"]
 
@@ -263,17 +265,10 @@ def expand_moe(model: onnx.ModelProto, form: str) -> int:
     has); drops the com.microsoft opset import when
     no node of that domain is left. Returns the count."""
     g = model.graph
-    new, count = [], 0
-    for n in g.node:
-        if n.domain == MOE_DOMAIN and n.op_type == "MoE":
-            new += _expand_node(n, form, f"moe{count}", _elem_type(g, n.input[4]))
-            count += 1
-        else:
-            new.append(n)
+    count = expand_nodes(g, lambda n: n.domain == MOE_DOMAIN and n.op_type == "MoE",
+                         lambda n, i: _expand_node(n, form, f"moe{i}", _elem_type(g, n.input[4])))
     if not count:
         return 0
-    del g.node[:]
-    g.node.extend(new)
     if not any(n.domain == MOE_DOMAIN for n in g.node):
         keep = [o for o in model.opset_import if o.domain != MOE_DOMAIN]
         del model.opset_import[:]

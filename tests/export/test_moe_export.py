@@ -8,7 +8,6 @@ as the TensorRT copies hold them (grouped prefill, gather decode) they give the 
 """
 from __future__ import annotations
 
-import copy
 import json
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from conftest import rel_err, seed_for
+from moe_reference import clear_routing, float64_routed
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -55,27 +55,8 @@ def _layer(experts: int, top_k: int, tmp_path_factory, tag: str, prepare=None):
     return _CACHE[key]
 
 
-def _float64(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
-    m = copy.deepcopy(moe).double()
-    m.impl = "routed"
-    with torch.no_grad():
-        return m(x.double())
-
-
-def _clear_routing(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
-    """Rows of x whose k-th and (k+1)-th router probabilities differ by >= 1e-4 relative (float32 rounding cannot
-    swap which experts they pick)."""
-    with torch.no_grad():
-        p = torch.softmax(x.double() @ moe.gate.weight.double().t(), -1)
-    k = moe.config.top_k
-    if k == moe.config.num_experts:
-        return x
-    top = torch.topk(p, k + 1, dim=-1).values
-    return x[(top[:, k - 1] - top[:, k]) >= 1e-4 * top[:, k - 1]]
-
-
 def _inputs(moe, gen, n):
-    x = _clear_routing(moe, torch.randn(3 * n + 8, H, generator=gen))
+    x = clear_routing(moe, torch.randn(3 * n + 8, H, generator=gen))
     assert len(x) >= n
     return x[:n].contiguous()
 
@@ -86,7 +67,7 @@ def test_grouped_graph_equals_routed_float64(experts, top_k, tmp_path_factory, g
     for n in LENGTHS:
         x = _inputs(moe, gen, n)
         got = torch.from_numpy(sess.run(None, {"x": x.numpy()})[0])
-        want = _float64(moe, x)
+        want = float64_routed(moe, x)
         assert got.shape == (n, H) and float(want.norm()) > 0
         assert rel_err(got, want) <= 2e-6, (n, rel_err(got, want))
 
@@ -115,7 +96,7 @@ def test_every_token_on_the_same_experts(top_k, expert, second, tmp_path_factory
         idx, _ = moe.route(x)
         assert set(idx.flatten().tolist()) == {expert} | ({second} if second is not None else set())
         got = torch.from_numpy(sess.run(None, {"x": x.numpy()})[0])
-        want = _float64(moe, x)
+        want = float64_routed(moe, x)
         assert torch.isfinite(want).all() and rel_err(got, want) <= 2e-6
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import rel_err, seed_for
+from moe_reference import clear_routing, float64_routed
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -78,23 +79,6 @@ def _layer(experts, top_k, norm, tmp_path_factory, tag="random", prepare=None):
     return _CACHE[key]
 
 
-def _float64(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
-    m = copy.deepcopy(moe).double()
-    m.impl = "routed"
-    with torch.no_grad():
-        return m(x.double())
-
-
-def _clear_routing(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
-    """Rows of x whose k-th and (k+1)-th router probabilities differ by >= 1e-4 relative (float32 rounding cannot
-    swap which experts they pick)."""
-    with torch.no_grad():
-        p = torch.softmax(x.double() @ moe.gate.weight.double().t(), -1)
-    k = moe.config.top_k
-    top = torch.topk(p, k + 1, dim=-1).values
-    return x[(top[:, k - 1] - top[:, k]) >= 1e-4 * top[:, k - 1]]
-
-
 def _run(sess, x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(sess.run(None, {"x": x.numpy()})[0])
 
@@ -104,9 +88,9 @@ def _run(sess, x: torch.Tensor) -> torch.Tensor:
 def test_op_and_tensorrt_forms_equal_routed_float64(experts, top_k, norm, tmp_path_factory, gen):
     moe, sessions = _layer(experts, top_k, norm, tmp_path_factory)
     for n in LENGTHS:
-        x = _clear_routing(moe, torch.randn(3 * n + 8, H, generator=gen))[:n].contiguous()
+        x = clear_routing(moe, torch.randn(3 * n + 8, H, generator=gen))[:n].contiguous()
         assert len(x) == n
-        want = _float64(moe, x)
+        want = float64_routed(moe, x)
         assert float(want.norm()) > 0
         for form, sess in sessions.items():
             got = _run(sess, x)
@@ -135,7 +119,7 @@ def test_every_token_on_the_same_experts_other_experts_nan(top_k, expert, second
         x = torch.rand(n, H, generator=gen) + 0.5
         idx, _ = moe.route(x)
         assert set(idx.flatten().tolist()) == {expert} | ({second} if second is not None else set())
-        want = _float64(moe, x)
+        want = float64_routed(moe, x)
         assert torch.isfinite(want).all()
         for form, sess in sessions.items():
             got = _run(sess, x)
