@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from conftest import rel_err, seed_for
-from moe_reference import clear_routing, float64_routed
+from moe_reference import clear_routing, export_layer, float64_routed, route_all_to
 
 ort = pytest.importorskip("onnxruntime")
 
-from gdn_deploy.export.onnx_ops import export_program  # noqa: E402
 from gdn_deploy.export.op_allowlist import graph_op_problems  # noqa: E402
 from gdn_deploy.lm.mlp import GROUPED_SLACK, MoEConfig, SparseMoE, grouped_blocks  # noqa: E402
 
@@ -30,15 +29,7 @@ _CACHE: dict = {}
 
 
 def _export_layer(moe: SparseMoE, path) -> ort.InferenceSession:
-    from torch.export import Dim
-    moe.impl = "grouped"
-    try:
-        with torch.no_grad():
-            export_program(moe, (torch.randn(11, H),), str(path), input_names=["x"], output_names=["y"],
-                           dynamic_shapes=({0: Dim("tokens", min=1, max=1 << 20)},))
-    finally:
-        moe.impl = "routed"
-    model = onnx.load(str(path))
+    model = export_layer(moe, "grouped", path)
     assert graph_op_problems(model) == []
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
@@ -72,25 +63,10 @@ def test_grouped_graph_equals_routed_float64(experts, top_k, tmp_path_factory, g
         assert rel_err(got, want) <= 2e-6, (n, rel_err(got, want))
 
 
-def _one_expert(expert: int, second: int | None):
-    """Router weights that send every token with positive features to ``expert`` (and ``second``); every other
-    expert's weights NaN (no computation of an unchosen expert may reach the output)."""
-    def prepare(moe: SparseMoE) -> None:
-        with torch.no_grad():
-            moe.gate.weight.zero_()
-            moe.gate.weight[expert] = 1.0
-            if second is not None:
-                moe.gate.weight[second] = 0.5
-            unused = sorted(set(range(moe.config.num_experts)) - {expert, second})
-            moe.experts.gate_up_proj[unused] = float("nan")
-            moe.experts.down_proj[unused] = float("nan")
-    return prepare
-
-
 @pytest.mark.parametrize("top_k,expert,second", [(2, 63, 5), (1, 0, None), (1, 63, None)])
 def test_every_token_on_the_same_experts(top_k, expert, second, tmp_path_factory, gen):
     """The worst case for capacity: all T*k rows land on k experts (blocks of one expert only)."""
-    moe, sess = _layer(64, top_k, tmp_path_factory, f"one:{expert}:{second}", _one_expert(expert, second))
+    moe, sess = _layer(64, top_k, tmp_path_factory, f"one:{expert}:{second}", route_all_to(expert, second))
     for n in (1, 64, 65, 300):
         x = torch.rand(n, H, generator=gen) + 0.5
         idx, _ = moe.route(x)

@@ -17,13 +17,12 @@ import pytest
 import torch
 
 from conftest import rel_err, seed_for
-from moe_reference import clear_routing, float64_routed
+from moe_reference import clear_routing, export_layer, float64_routed, route_all_to
 
 ort = pytest.importorskip("onnxruntime")
 
 from gdn_deploy.export import onnx_moe  # noqa: E402
 from gdn_deploy.export.onnx_moe import expand_moe, onnxruntime_has_moe, tensorrt_moe_form  # noqa: E402
-from gdn_deploy.export.onnx_ops import export_program  # noqa: E402
 from gdn_deploy.export.op_allowlist import graph_op_problems  # noqa: E402
 from gdn_deploy.lm.mlp import MoEConfig, SparseMoE  # noqa: E402
 
@@ -38,18 +37,6 @@ _CACHE: dict = {}
 
 def _moe_nodes(model: onnx.ModelProto) -> list:
     return [n for n in model.graph.node if n.domain == "com.microsoft" and n.op_type == "MoE"]
-
-
-def _export(moe: SparseMoE, path) -> onnx.ModelProto:
-    from torch.export import Dim
-    moe.impl = "op"
-    try:
-        with torch.no_grad():
-            export_program(moe, (torch.randn(11, H),), str(path), input_names=["x"], output_names=["y"],
-                           dynamic_shapes=({0: Dim("tokens", min=1, max=1 << 20)},))
-    finally:
-        moe.impl = "routed"
-    return onnx.load(str(path))
 
 
 def _sessions(model: onnx.ModelProto) -> dict:
@@ -75,7 +62,7 @@ def _layer(experts, top_k, norm, tmp_path_factory, tag="random", prepare=None):
         moe = SparseMoE(H, MoEConfig(experts, top_k, INTER, SHARED, norm_topk_prob=norm)).eval()
         if prepare is not None:
             prepare(moe)
-        _CACHE[key] = moe, _sessions(_export(moe, tmp_path_factory.mktemp("moe_op") / "moe.onnx"))
+        _CACHE[key] = moe, _sessions(export_layer(moe, "op", tmp_path_factory.mktemp("moe_op") / "moe.onnx"))
     return _CACHE[key]
 
 
@@ -97,24 +84,9 @@ def test_op_and_tensorrt_forms_equal_routed_float64(experts, top_k, norm, tmp_pa
             assert got.shape == (n, H) and rel_err(got, want) <= 2e-6, (form, n, rel_err(got, want))
 
 
-def _one_expert(expert: int, second: int | None):
-    """Router weights that send every token with positive features to ``expert`` (and ``second``); every other
-    expert's weights NaN (a form that computes or reads an unchosen expert into the output fails)."""
-    def prepare(moe: SparseMoE) -> None:
-        with torch.no_grad():
-            moe.gate.weight.zero_()
-            moe.gate.weight[expert] = 1.0
-            if second is not None:
-                moe.gate.weight[second] = 0.5
-            unused = sorted(set(range(moe.config.num_experts)) - {expert, second})
-            moe.experts.gate_up_proj[unused] = float("nan")
-            moe.experts.down_proj[unused] = float("nan")
-    return prepare
-
-
 @pytest.mark.parametrize("top_k,expert,second", [(2, 63, 5), (2, 0, 1), (1, 0, None), (1, 63, None)])
 def test_every_token_on_the_same_experts_other_experts_nan(top_k, expert, second, tmp_path_factory, gen):
-    moe, sessions = _layer(64, top_k, True, tmp_path_factory, f"one:{expert}:{second}", _one_expert(expert, second))
+    moe, sessions = _layer(64, top_k, True, tmp_path_factory, f"one:{expert}:{second}", route_all_to(expert, second))
     for n in (1, 64, 65, 300):
         x = torch.rand(n, H, generator=gen) + 0.5
         idx, _ = moe.route(x)
@@ -131,7 +103,7 @@ def test_expert_weights_stored_once(tmp_path_factory):
     _layer(64, 2, True, tmp_path_factory)                        # the export is checked there
     torch.manual_seed(0)
     moe = SparseMoE(H, MoEConfig(64, 2, INTER, SHARED)).eval()
-    model = _export(moe, tmp_path_factory.mktemp("moe_once") / "moe.onnx")
+    model = export_layer(moe, "op", tmp_path_factory.mktemp("moe_once") / "moe.onnx")
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     expert = 64 * 2 * INTER * H
     assert sorted(n for n, s in sizes.items() if s >= expert // 2) == ["experts.down_proj", "experts.gate_up_proj"]
@@ -158,6 +130,7 @@ def test_forms_of_the_graphs(monkeypatch):
 
 def test_expand_refuses_an_unknown_form(tmp_path_factory):
     torch.manual_seed(0)
-    model = _export(SparseMoE(H, MoEConfig(4, 2, INTER, SHARED)).eval(), tmp_path_factory.mktemp("bad") / "m.onnx")
+    moe = SparseMoE(H, MoEConfig(4, 2, INTER, SHARED)).eval()
+    model = export_layer(moe, "op", tmp_path_factory.mktemp("bad") / "m.onnx")
     with pytest.raises(ValueError, match="form 'dense'"):
         expand_moe(model, "dense")
