@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .moe_op import moe as moe_op
-from .norms import wide
+from .moe_op import moe as moe_op, moe_route, routed_experts
 
 __all__ = ["SwiGLU", "MoEConfig", "Experts", "SparseMoE", "MOE_IMPLS", "GROUPED_SLACK", "grouped_blocks"]
 
@@ -98,13 +97,7 @@ class Experts(nn.Module):
         nn.init.normal_(self.down_proj, std=c.intermediate_size ** -0.5)
 
     def routed(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
-        out = torch.zeros_like(x)
-        for e in torch.unique(idx).tolist():           # only the experts some token chose
-            tok, slot = torch.where(idx == e)
-            g, u = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(g) * u, self.down_proj[e]) * w[tok, slot, None]
-            out.index_add_(0, tok, y.to(out.dtype))
-        return out
+        return routed_experts(x, idx, w, self.gate_up_proj, self.down_proj)
 
     def gather(self, x: Tensor, idx: Tensor, w: Tensor) -> Tensor:
         gu = self.gate_up_proj[idx]                                   # [R, k, 2I, hidden]
@@ -159,12 +152,7 @@ class SparseMoE(nn.Module):
 
     def route(self, x: Tensor):
         """x [R, hidden] -> (expert ids [R, k] int64, weights [R, k] in the model dtype)."""
-        logits = self.gate(x)
-        probs = torch.softmax(wide(logits), dim=-1)
-        w, idx = torch.topk(probs, self.config.top_k, dim=-1)
-        if self.config.norm_topk_prob:
-            w = w / w.sum(dim=-1, keepdim=True)
-        return idx, w.to(logits.dtype)
+        return moe_route(self.gate(x), self.config.top_k, self.config.norm_topk_prob)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.impl not in MOE_IMPLS:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .norms import wide
 
-__all__ = ["moe", "moe_route", "moe_ref"]
+__all__ = ["moe", "moe_route", "moe_ref", "routed_experts"]
 
 
 def moe_route(logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor]:
@@ -34,6 +34,11 @@ def moe_ref(x: Tensor, logits: Tensor, gate_up_proj: Tensor, down_proj: Tensor, 
             normalize: bool) -> Tensor:
     """The eager math of :func:`moe` (see the module docstring)."""
     idx, w = moe_route(logits, top_k, normalize)
+    return routed_experts(x, idx, w, gate_up_proj, down_proj)
+
+
+def routed_experts(x: Tensor, idx: Tensor, w: Tensor, gate_up_proj: Tensor, down_proj: Tensor) -> Tensor:
+    """``sum_k w[:, k] * SwiGLU_{idx[:, k]}(x)``, each expert run only on the rows routed to it."""
     out = torch.zeros_like(x)
     for e in torch.unique(idx).tolist():           # only the experts some row chose
         tok, slot = torch.where(idx == e)
