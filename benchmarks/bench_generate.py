@@ -75,15 +75,15 @@ CONFIGS = {
 LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 
 
-def build_hf(name: str, folder: Path):
+def build_hf(name: str, folder: Path, max_positions: int = 8192):
     import transformers as tf
     torch.manual_seed(0)
     if name == "moe":
-        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=8192, tie_word_embeddings=False,
+        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=max_positions, tie_word_embeddings=False,
                  rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
         model = tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**c)).eval()
     else:
-        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=8192, tie_word_embeddings=True,
+        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=max_positions, tie_word_embeddings=True,
                  rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
                                       mrope_section=[11, 11, 10], mrope_interleaved=True))
         model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**c)).eval()
