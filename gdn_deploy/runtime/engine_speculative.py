@@ -44,7 +44,7 @@ from .decode_attention import decode_attention
 from .generation import token_budgets
 from .speculative import SpeculativeResult
 
-__all__ = ["SpeculativeStep", "EngineSpeculator", "speculator", "engine_speculative_generate"]
+__all__ = ["SpeculativeStep", "EngineSpeculator", "speculator", "engine_speculative_generate", "speculative_on_engine"]
 
 
 class SpeculativeStep:
@@ -305,3 +305,26 @@ def engine_speculative_generate(engine: DecodeEngine, prompts: Sequence[Sequence
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def speculative_on_engine(folder, backend, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                          eos_token_ids: Sequence[int], mode: str, draft_tokens: int) -> SpeculativeResult:
+    """``samples/decode_loop.py --speculative ngram`` with the engine on (the torch backend; graphed on CUDA, eager
+    on the CPU): one pool slot per prompt, capacity for prompt + budget + K. The MTP drafter is not wired to the
+    engine: ``mtp`` is a UsageError."""
+    from .engine_generation import engine_unsupported
+    from .generation import check_prompts
+    from .speculative import SPECULATIVE_MODES, NgramDrafter
+    if mode not in SPECULATIVE_MODES:
+        raise UsageError(f"--speculative {mode!r}: expected one of {', '.join(SPECULATIVE_MODES)}")
+    if mode == "mtp":
+        raise UsageError("--speculative mtp does not run on the decode engine yet: use --speculative ngram, or "
+                         "--engine off --device cpu")
+    why = engine_unsupported(backend)
+    if why is not None:
+        raise UsageError(f"--speculative on the engine: {why}")
+    check_prompts(folder, prompts, max_new_tokens)
+    budgets = token_budgets(max_new_tokens, len(prompts))
+    capacity = max(len(p) + n for p, n in zip(prompts, budgets)) + int(draft_tokens)
+    engine = DecodeEngine(backend.model, pool_size=len(prompts), capacity=capacity)
+    return engine_speculative_generate(engine, prompts, budgets, NgramDrafter(), draft_tokens, eos_token_ids)
