@@ -16,8 +16,10 @@ of ``--batches`` (equal random prompts of ``--prompt-len`` tokens, ``--new`` new
   accepted while the greedy continuation lasts (the printed acceptance says whether bf16 near-ties made the verify
   path's argmax differ somewhere; the tokens are always the verify path's own greedy tokens);
 - ``speculative graphed engine, K drafts``: :func:`gdn_deploy.runtime.engine_speculative.engine_speculative_generate`
-  on a DecodeEngine (one CUDA graph per (bucket, K + 1) for verify + accept + commit, greedy only), the same oracle
-  drafts; timed over its verify steps including the host loop (drafts, one copy in, one read-back per step).
+  on a DecodeEngine (one CUDA graph per (bucket, K + 1) for verify + accept + commit, greedy only), oracle drafts from
+  an untimed first run of the engine itself (its own greedy tokens, so bf16 near-ties where the verify and decode
+  arithmetic part do not cut acceptance); timed over its verify steps including the host loop (drafts, one copy in,
+  one read-back per step). "same tokens as plain" compares with the plain eager path's greedy tokens.
 
 Decode tokens/s count the tokens after the first (the prefill gives it): B x (new - 1) / time of the decode phase
 (eager paths: whole generation minus one prefill timed the same way; engine: B / step time). Writes
@@ -106,7 +108,8 @@ def speculative(model, prompts, new, K, future):
 
 def speculative_engine(model, prompts, new, K, future, repeats):
     """[(seconds of the verify steps, result)] x repeats of engine_speculative_generate on one DecodeEngine with a
-    pool of B (graphs of every bucket for L = K + 1 captured first, then one untimed warm-up generation)."""
+    pool of B (graphs of every bucket for L = K + 1 captured first, then one untimed warm-up generation whose tokens,
+    the engine's own greedy tokens, are the oracle's drafts of the timed runs)."""
     from gdn_deploy.runtime.cuda_engine import DecodeEngine
     from gdn_deploy.runtime.engine_speculative import engine_speculative_generate, speculator
     from gdn_deploy.runtime.speculative import OracleDrafter
@@ -114,10 +117,11 @@ def speculative_engine(model, prompts, new, K, future, repeats):
                        graphs=DEVICE == "cuda")
     if DEVICE == "cuda":
         speculator(eng).capture(K + 1)
-    engine_speculative_generate(eng, prompts, 8, OracleDrafter(future, prompts), K)
+    own = engine_speculative_generate(eng, prompts, new, OracleDrafter(future, prompts), K).tokens
+    own = [t + [0] * 16 for t in own]         # the engine's own greedy tokens: drafts right past bf16 near-ties
     out = []
     for _ in range(repeats):
-        res = engine_speculative_generate(eng, prompts, new, OracleDrafter(future, prompts), K)
+        res = engine_speculative_generate(eng, prompts, new, OracleDrafter(own, prompts), K)
         out.append((res.seconds, res))
     return out
 
