@@ -17,14 +17,10 @@ step() {  # step NAME LIMIT CMD...
   echo "[$name] rc=$? ($((SECONDS - t0)) s)" | tee -a "$out/summary.txt"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/summary.txt"
-CUDA_LAUNCH_BLOCKING=1 step diag_tiny 20 python benchmarks/spec5_diag.py tiny fp32 8 8 triton
-CUDA_LAUNCH_BLOCKING=1 step diag_tiny_torchattn 20 python benchmarks/spec5_diag.py tiny fp32 8 8 torch
-GDN_TRITON_GLUE=0 CUDA_LAUNCH_BLOCKING=1 step diag_tiny_noglue 20 python benchmarks/spec5_diag.py tiny fp32 8 8 torch
-CUDA_LAUNCH_BLOCKING=1 step diag_mid 25 python benchmarks/spec5_diag.py mid bf16 1 2 triton
-GDN_TRITON_GLUE=0 CUDA_LAUNCH_BLOCKING=1 step diag_mid_noglue 25 python benchmarks/spec5_diag.py mid bf16 1 2 torch
-step tests 70 python -m pytest -q -rA -x tests/kernels/test_engine_speculative_gpu.py
+step tests 70 python -m pytest -q -rA tests/kernels/test_engine_speculative_gpu.py
+step check_bf16 30 python benchmarks/check_verify_logits.py --dtype bf16 --batches 16 --lengths 8
 step bench_speculative 75 python benchmarks/bench_speculative.py --repeats 2 --out "$out"
-for f in "$out"/diag_*.txt; do echo "== $f"; grep -v Writing "$f" | tail -n 14; done
+grep '^{' "$out/check_bf16.txt"
 tail -n 15 "$out/tests.txt"
 cat "$out/bench_speculative.md" 2>/dev/null
 cat "$out/summary.txt"

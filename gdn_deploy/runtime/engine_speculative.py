@@ -96,7 +96,7 @@ class SpeculativeStep:
         pos0 = d.positions.index_select(0, slots)                                     # [B]
         ar = torch.arange(L, device=dev)
         pos = (pos0[:, None] + ar[None, :]).clamp(max=d.capacity - 1).reshape(-1)     # [B*L]
-        slots_rep = slots[:, None].expand(B, L).reshape(-1)                          # each query's slot
+        slots_rep = slots[:, None].expand(B, L).reshape(-1).contiguous()             # (B = 1: no stride-0 view)
         h = d.fns.embed(m, ids.reshape(-1))
         pending = []
         for layer, pools, inv in zip(m.layers, d.pools, d.inv_freq):

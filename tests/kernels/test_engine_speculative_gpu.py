@@ -21,6 +21,7 @@ from gdn_deploy.lm import triton_ops  # noqa: E402
 from gdn_deploy.lm.generate import greedy_generate  # noqa: E402
 from gdn_deploy.lm.hf_folder import load_hf_causal_lm  # noqa: E402
 from gdn_deploy.runtime.cuda_engine import DecodeEngine, engine_generate  # noqa: E402
+from gdn_deploy.runtime.decode_attention import decode_attention, triton_available  # noqa: E402
 from gdn_deploy.runtime.engine_speculative import engine_speculative_generate, speculator  # noqa: E402
 
 FAMILIES = ["qwen3_next", "qwen3_5"]
@@ -41,6 +42,23 @@ class _TorchGlue:
 
     def __exit__(self, *exc):
         triton_ops.ENABLED = True
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton not importable")
+def test_triton_attention_strided_slots_and_lengths(gen):
+    """Slots / lengths given as stride-0 views (one slot repeated for L queries, as a batch of 1 verifies) read as
+    their values, not as dense memory past the view."""
+    P, S, H, Hkv, D, L = 5, 300, 8, 2, 64, 4
+    k_pool = torch.randn(P, Hkv, S, D, generator=gen).cuda()
+    v_pool = torch.randn(P, Hkv, S, D, generator=gen).cuda()
+    q = torch.randn(L, H, D, generator=gen).cuda()
+    slots = torch.tensor([3], device="cuda")[:, None].expand(1, L).reshape(-1)
+    assert slots.stride(0) == 0
+    lens = torch.tensor([100], device="cuda").expand(L) + torch.arange(L, device="cuda")
+    for splits in (1, 5):
+        got = decode_attention(q, k_pool, v_pool, slots, lens, D ** -0.5, impl="triton", splits=splits)
+        want = decode_attention(q.double(), k_pool.double(), v_pool.double(), slots, lens, D ** -0.5, impl="torch")
+        assert rel_err(got.double(), want) < 1e-5
 
 
 @pytest.mark.parametrize("L", [4, 8])
