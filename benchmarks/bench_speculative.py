@@ -14,7 +14,12 @@ of ``--batches`` (equal random prompts of ``--prompt-len`` tokens, ``--new`` new
   (verify_step + commit on gdn::verify / gdn::commit_, attention eager; no CUDA graph), drafts from an
   :class:`~gdn_deploy.runtime.speculative.OracleDrafter` given the plain path's greedy tokens, so every draft is
   accepted while the greedy continuation lasts (the printed acceptance says whether bf16 near-ties made the verify
-  path's argmax differ somewhere; the tokens are always the verify path's own greedy tokens).
+  path's argmax differ somewhere; the tokens are always the verify path's own greedy tokens);
+- ``speculative graphed engine, K drafts``: :func:`gdn_deploy.runtime.engine_speculative.engine_speculative_generate`
+  on a DecodeEngine (one CUDA graph per (bucket, K + 1) for verify + accept + commit, greedy only), oracle drafts from
+  an untimed first run of the engine itself (its own greedy tokens, so bf16 near-ties where the verify and decode
+  arithmetic part do not cut acceptance); timed over its verify steps including the host loop (drafts, one copy in,
+  one read-back per step). "same tokens as plain" compares with the plain eager path's greedy tokens.
 
 Decode tokens/s count the tokens after the first (the prefill gives it): B x (new - 1) / time of the decode phase
 (eager paths: whole generation minus one prefill timed the same way; engine: B / step time). Writes
@@ -101,6 +106,26 @@ def speculative(model, prompts, new, K, future):
     return t, res
 
 
+def speculative_engine(model, prompts, new, K, future, repeats):
+    """[(seconds of the verify steps, result)] x repeats of engine_speculative_generate on one DecodeEngine with a
+    pool of B (graphs of every bucket for L = K + 1 captured first, then one untimed warm-up generation whose tokens,
+    the engine's own greedy tokens, are the oracle's drafts of the timed runs)."""
+    from gdn_deploy.runtime.cuda_engine import DecodeEngine
+    from gdn_deploy.runtime.engine_speculative import engine_speculative_generate, speculator
+    from gdn_deploy.runtime.speculative import OracleDrafter
+    eng = DecodeEngine(model, pool_size=len(prompts), capacity=len(prompts[0]) + new + K + 16,
+                       graphs=DEVICE == "cuda")
+    if DEVICE == "cuda":
+        speculator(eng).capture(K + 1)
+    own = engine_speculative_generate(eng, prompts, new, OracleDrafter(future, prompts), K).tokens
+    own = [t + [0] * 16 for t in own]         # the engine's own greedy tokens: drafts right past bf16 near-ties
+    out = []
+    for _ in range(repeats):
+        res = engine_speculative_generate(eng, prompts, new, OracleDrafter(own, prompts), K)
+        out.append((res.seconds, res))
+    return out
+
+
 def run(args) -> list[dict]:
     import gdn_deploy.ops  # noqa: F401  (registers the CUDA kernels)
     from gdn_deploy import kernels
@@ -146,7 +171,17 @@ def run(args) -> list[dict]:
                                  ms_per_call=(t - pre) / res.target_calls * 1e3,
                                  acceptance=res.acceptance_rate, tokens_per_call=res.tokens_per_call,
                                  target_calls=res.target_calls, same_tokens_as_plain=same))
-            for r in rows[-(2 + len(args.draft_tokens.split(","))):]:
+            for K in [int(k) for k in args.draft_tokens.split(",")]:
+                got = speculative_engine(model, prompts, args.new, K, future, args.repeats)
+                t = med(t for t, _ in got)
+                res = got[-1][1]
+                same = sum(a == b for x, y in zip(res.tokens, greedy) for a, b in zip(x, y)) / (B * args.new)
+                rows.append(dict(base, path="speculative graphed engine (verify + commit graph, oracle drafts)",
+                                 draft_tokens=K, decode_tok_s=ntok / max(t, 1e-9),
+                                 ms_per_call=t / res.target_calls * 1e3, acceptance=res.acceptance_rate,
+                                 tokens_per_call=res.tokens_per_call, target_calls=res.target_calls,
+                                 same_tokens_as_plain=same))
+            for r in rows[-(2 + 2 * len(args.draft_tokens.split(","))):]:
                 print(json.dumps(r), flush=True)
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()

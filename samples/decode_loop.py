@@ -24,7 +24,9 @@ arrives; -n takes one budget or one per prompt (-n 16,32,8). Decode tokens/s are
 --backend torch --device cuda generates on the decode engine (state pools updated in place, the decode step
 replayed from one CUDA graph per batch bucket: gdn_deploy.runtime.cuda_engine); --engine off calls the model once
 per step instead, --engine on runs the engine on the CPU too (eager), --engine fused fuses the step's glue with
-torch.compile (CUDA; 2.3x faster at batch 1 on an H100, docs/performance.md).
+torch.compile (CUDA; 2.3x faster at batch 1 on an H100, docs/performance.md). With the engine on, --speculative
+ngram verifies K+1 tokens per sequence in one graphed step (greedy only; gdn_deploy.runtime.engine_speculative);
+--speculative mtp runs eagerly on the CPU (--engine off).
 
   python samples/decode_loop.py --model qwen35 -p "Once upon a time" -n 64 --temperature 0.8 --top-p 0.95 \
       --seed 1 --stop "\n\n" --stream
@@ -92,9 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", default=None, metavar="HF_FOLDER", help="with --compare: Hugging Face transformers")
     p.add_argument("--allow-pickle", action="store_true", help="allow a pickled .pt MODEL (UNSAFE)")
     p.add_argument("--speculative", choices=["mtp", "ngram"], default=None,
-                   help="self-speculative greedy decoding (torch backend on the CPU, or onnxruntime on a gdn-export "
-                        "--speculative folder): drafts from the checkpoint's MTP head or prompt lookup, verified K+1 "
-                        "tokens per call; the tokens equal plain greedy decoding")
+                   help="self-speculative greedy decoding (greedy only: no sampling): drafts from the checkpoint's "
+                        "MTP head or prompt lookup, verified K+1 tokens per call; the tokens equal plain greedy "
+                        "decoding. torch backend: on the decode engine (ngram; graphed on CUDA) when the engine is "
+                        "on, else eager on the CPU (mtp, ngram); onnxruntime on a gdn-export --speculative folder")
     p.add_argument("--draft-tokens", type=int, default=3, metavar="K", help="draft tokens per step (1..15)")
     p.add_argument("--chat", action="store_true", help="every --ids/-p is the next turn of one conversation "
                    "(prefill continues from the previous turn's states)")
@@ -313,8 +316,10 @@ def main_body(args) -> int:
     sampling = sampling_config(args)
     if args.compare and not sampling.greedy:
         raise UsageError("--compare checks greedy tokens; leave out --temperature")
-    if args.engine in ("on", "fused") and (args.backend != "torch" or args.speculative):
-        raise UsageError(f"--engine {args.engine} runs the torch backend's model without --speculative")
+    if args.engine in ("on", "fused") and args.backend != "torch":
+        raise UsageError(f"--engine {args.engine} runs the torch backend's model")
+    if args.engine == "fused" and args.speculative:
+        raise UsageError("--engine fused: --speculative runs on the unfused engine (--engine on, or auto on CUDA)")
     if args.chat and (args.compare or args.speculative or args.stop or args.stream):
         raise UsageError("--chat: leave out --compare, --speculative, --stop and --stream")
     if args.speculative and (not sampling.greedy or args.stop or args.stream or isinstance(budgets, list)):
@@ -336,8 +341,11 @@ def main_body(args) -> int:
     if args.chat:
         return run_chat(folder, backend, prompts, texts, budgets, eos, sampling, codec)
     if args.speculative:
-        from gdn_deploy.runtime.speculative import speculative_from_folder
-        spec = speculative_from_folder(folder, backend, prompts, budgets, eos, args.speculative, args.draft_tokens)
+        if use_engine(args, backend, say):
+            from gdn_deploy.runtime.engine_speculative import speculative_on_engine as speculate
+        else:
+            from gdn_deploy.runtime.speculative import speculative_from_folder as speculate
+        spec = speculate(folder, backend, prompts, budgets, eos, args.speculative, args.draft_tokens)
         print(f"speculative ({args.speculative}, K={args.draft_tokens}): acceptance rate {spec.acceptance_rate:.3f}, "
               f"{spec.tokens_per_call:.2f} tokens per target call, {spec.target_calls} verify calls")
         res = spec

@@ -139,6 +139,7 @@ def _triton_attention(q, k_pool, v_pool, slots, lengths, scale, splits=None):  #
     Hkv, S = k_pool.shape[1], k_pool.shape[2]
     rep = H // Hkv
     q = q.contiguous()
+    slots, lengths = slots.contiguous(), lengths.contiguous()     # the kernel indexes them densely
     o = torch.empty_like(q)
     if B == 0:
         return o

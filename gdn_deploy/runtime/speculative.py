@@ -339,8 +339,8 @@ def _torch_parts(folder, backend, mode: str):
     if not isinstance(model, HybridLM):
         raise UsageError("--speculative needs a language model export")
     if model.embed_tokens.weight.device.type != "cpu":
-        raise UsageError("--speculative runs on the CPU for now (the speculative generation path has not been run on "
-                         "a GPU)")
+        raise UsageError("--speculative off the engine runs on the CPU (on CUDA: --speculative ngram on the decode "
+                         "engine, --engine auto or on)")
     if mode == "ngram":
         return model, None
     from ..lm.hf_folder import CheckpointError

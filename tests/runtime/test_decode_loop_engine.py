@@ -59,9 +59,25 @@ def test_engine_sampling_stream_stop_equal_loop(export, capsys):
 
 def test_engine_flag_errors(export, capsys):
     _, out = export
-    for extra, msg in ((["--backend", "onnxruntime"], "--engine on runs the torch backend's model"),
-                       (["--speculative", "ngram"], "--engine on runs the torch backend's model")):
-        code, text, err = run(capsys, "--model", out, "--ids", "1,2", "-n", 2, "--engine", "on", *extra)
+    for extra, msg in ((["--engine", "on", "--backend", "onnxruntime"], "--engine on runs the torch backend's model"),
+                       (["--engine", "fused", "--speculative", "ngram"], "--speculative runs on the unfused engine"),
+                       (["--engine", "on", "--speculative", "mtp"], "--speculative mtp does not run on the decode")):
+        code, text, err = run(capsys, "--model", out, "--ids", "1,2", "-n", 2, *extra)
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
     code, text, err = run(capsys, "--model", out, "--ids", "1,2", "-n", 2, "--engine", "fused")
     assert code == 2 and "--engine fused: the fused step runs on CUDA" in err and len(err.strip().splitlines()) == 1
+
+
+def test_engine_speculative_ngram_equals_loop(export, capsys):
+    """--speculative ngram with the engine on (eager on the CPU): the plain per-step loop's greedy tokens, a
+    budget cut inside an accepted run (-n 7 with K = 3)."""
+    _, out = export
+    argv = ["--model", out, "--ids", "4,5,6,4,5,6,4", "--ids", "3", "-n", "7", "--ignore-eos"]
+    code, spec, err = run(capsys, *argv, "--engine", "on", "--speculative", "ngram", "--draft-tokens", 3,
+                          "--compare")
+    assert code == 0, err
+    assert "decoding on the engine (eager)" in spec and "speculative (ngram, K=3): acceptance rate" in spec
+    assert "compare: torch and PyTorch generated the same tokens" in spec
+    code, loop, err = run(capsys, *argv, "--engine", "off")
+    assert code == 0, err
+    assert result_lines(spec) == result_lines(loop)
