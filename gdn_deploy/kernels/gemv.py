@@ -1,7 +1,7 @@
 """``gdn::gemv``: y = x @ W^T (+ residual) for the decode step's small batches, on the small-M GEMV kernel
 (``plugins_cpp/kernels/gemvSmallM.cu``) where it applies, ``torch.nn.functional.linear`` elsewhere.
 
-The kernel serves CUDA tensors with 1..16 rows of x (after flattening the leading dims), x / W / residual in one
+The kernel serves CUDA tensors with 1..16 rows of x (after flattening the leading dims) and K >= 1, x / W / residual in one
 dtype (float32, float16, bfloat16), W and x with unit stride along K. It streams W at copy bandwidth where cuBLAS's
 small-M GEMMs do not, and is deterministic (fixed-order sums, no atomics). Every other call -- the CPU, more rows,
 mixed dtypes, a library without the kernel, ``GDN_GEMV=0`` -- runs ``F.linear`` (+ residual), the op's reference.
@@ -86,7 +86,7 @@ def kernel_applies(x: Tensor, w: Tensor, residual: Optional[Tensor] = None) -> b
     """Whether :func:`gemv` runs the kernel for these inputs (shape, dtype and device rules only)."""
     if x.device.type != "cuda" or w.device != x.device or x.dtype not in _DTYPES or w.dtype != x.dtype:
         return False
-    if x.dim() < 1 or w.dim() != 2 or x.shape[-1] != w.shape[1] or w.shape[0] < 1 or w.stride(1) != 1:
+    if x.dim() < 1 or w.dim() != 2 or x.shape[-1] != w.shape[1] or min(w.shape) < 1 or w.stride(1) != 1:
         return False
     M = math.prod(x.shape[:-1])
     ldw = w.stride(0) if w.shape[0] > 1 else w.shape[1]
