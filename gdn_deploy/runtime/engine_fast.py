@@ -9,7 +9,7 @@ once instead of every step. Whatever the kernels do not cover (float64 models, M
 output gates, modules of other types) runs the :mod:`.engine_layers` code unchanged.
 
 Projections (packed GDN / attention inputs, SwiGLU gate|up and down with the residual add, GDN and attention output
-projections, the lm_head) with at most 16 rows run on the small-M GEMV kernel (``gdn::gemv``,
+projections, the lm_head) of a batch of one run on the small-M GEMV kernel (``gdn::gemv``,
 :mod:`..kernels.gemv`), which reads the weights at copy bandwidth where cuBLAS's small-M GEMMs do not; on by
 default where the kernel library has it, ``GDN_GEMV=0`` (read when the engine is built) keeps cuBLAS.
 """
@@ -51,9 +51,15 @@ def _add_norm(mod, x: Tensor, residual: Tensor):
     return mod(h), h
 
 
+# Rows up to which the engine's projections take the GEMV kernel: measured on an H200 (benchmarks/bench_gemv.py,
+# docs/performance.md "Small-M GEMV") it matches or beats cuBLAS at one row on every mid-model shape and loses at 8.
+GEMV_MAX_ROWS = 1
+
+
 def gemv_linear(x: Tensor, w: Tensor, residual: Optional[Tensor] = None) -> Tensor:
-    """``F.linear(x, w) (+ residual)`` on the small-M GEMV kernel for <= 16 rows (:func:`..kernels.gemv.gemv`)."""
-    if x.numel() <= gv.MAX_M * x.shape[-1] and x.shape[-1] > 0:
+    """``F.linear(x, w) (+ residual)``, on the small-M GEMV kernel (:func:`..kernels.gemv.gemv`) for at most
+    ``GEMV_MAX_ROWS`` rows."""
+    if x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.shape[-1] > 0:
         return torch.ops.gdn.gemv(x, w, residual)
     y = F.linear(x, w)
     return y if residual is None else y + residual
