@@ -6,10 +6,12 @@
 // reduces them with a shuffle butterfly and leaves them in shared memory; the block then sums the S partials of every
 // output in a fixed order and writes y once. No atomics, no second launch: results do not depend on timing.
 // Rows past N are clamped to row N - 1 for loading and not stored; K tails end each warp's loop; unaligned pointers,
-// strides or K take the same kernel with element-wide loads.
+// strides or K take the same kernel with element-wide loads. fp16 / bf16 with M >= 2 and 16-byte aligned rows run the
+// tensor-core form (gemvMmaKernel, below) with the same split and reduction.
 #include "gemvSmallM.h"
 
 #include <atomic>
+#include <type_traits>
 #include <cstddef>
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -254,9 +256,149 @@ cudaError_t launchShape(GemvParams const& p, cudaStream_t stream)
     return cudaGetLastError();
 }
 
+
+// Tensor-core form for 16-bit types and M >= 2 (the CUDA-core form above spends ~24 M instructions per 16 bytes of W
+// and is issue-bound from M ~ 4): a warp owns 16 rows of W and one K slice; per 32 K elements each lane loads one
+// 16-byte vector of its two rows (lane / 4 and lane / 4 + 8, at K offset 8 * (lane % 4)) and one of x rows lane / 4
+// (+ 8), and feeds them to two mma.m16n8k16 with fp32 accumulators. Any permutation of K that A and B share leaves
+// the sum unchanged: fragment K slots (2q, 2q+1, 2q+8, 2q+9) of lane q = lane % 4 hold elements 8q + 0..3 of the
+// block (first mma) and 8q + 4..7 (second), so the loads stay 16 bytes wide.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+    uint32_t b0, uint32_t b1)
+{
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <typename T, int NT, int U>
+__global__ void __launch_bounds__(kThreads) gemvMmaKernel(GemvParams p, int S)
+{
+    constexpr int kOut = 16 * 8 * NT;  // outputs of one warp: 16 rows x 8 NT x rows
+    __shared__ float partial[kWarps][kOut];
+    int const warp = threadIdx.x >> 5;
+    int const lane = threadIdx.x & 31;
+    int const g = lane >> 2;
+    int const q = lane & 3;
+    int const G = kWarps / S;
+    int const rg = warp % G;
+    int const s = warp / G;
+    int64_t const row0 = (static_cast<int64_t>(blockIdx.x) * G + rg) * 16;
+    T const* w0 = static_cast<T const*>(p.w) + min(row0 + g, static_cast<int64_t>(p.N) - 1) * p.ldw;
+    T const* w1 = static_cast<T const*>(p.w) + min(row0 + g + 8, static_cast<int64_t>(p.N) - 1) * p.ldw;
+    T const* xr[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+    {
+        xok[t] = g + 8 * t < p.M;
+        xr[t] = static_cast<T const*>(p.x) + static_cast<int64_t>(xok[t] ? g + 8 * t : 0) * p.ldx;
+    }
+    int const nvec = p.K / 8;
+    int const nblk = (nvec + 3) / 4;
+    int const per = (nblk + S - 1) / S;
+    int const bb = s * per;
+    int const be = min(nblk, bb + per);
+
+    float c[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+        c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
+
+    for (int b = bb; b < be; b += U)
+    {
+        uint4 wa[U], wb[U], xv[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+        {
+            int const idx = 4 * (b + u) + q;
+            bool const ok = b + u < be && idx < nvec;
+            wa[u] = ok ? __ldcs(reinterpret_cast<uint4 const*>(w0 + static_cast<int64_t>(idx) * 8)) : make_uint4(0, 0, 0, 0);
+            wb[u] = ok ? __ldcs(reinterpret_cast<uint4 const*>(w1 + static_cast<int64_t>(idx) * 8)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                xv[u][t] = ok && xok[t] ? __ldg(reinterpret_cast<uint4 const*>(xr[t] + static_cast<int64_t>(idx) * 8))
+                                        : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+            {
+                mma16816<T>(c[t], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[u][t].x, xv[u][t].y);
+                mma16816<T>(c[t], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[u][t].z, xv[u][t].w);
+            }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+    {
+        float* d = partial[warp] + t * 128;
+        d[g * 8 + 2 * q] = c[t][0];
+        d[g * 8 + 2 * q + 1] = c[t][1];
+        d[(g + 8) * 8 + 2 * q] = c[t][2];
+        d[(g + 8) * 8 + 2 * q + 1] = c[t][3];
+    }
+    __syncthreads();
+
+    T* y = static_cast<T*>(p.y);
+    T const* res = static_cast<T const*>(p.residual);
+    for (int o = threadIdx.x; o < G * kOut; o += kThreads)
+    {
+        int const gg = o / kOut;
+        int const rem = o - gg * kOut;
+        int const t = rem / 128;
+        int const rr = (rem % 128) / 8;
+        int const m = t * 8 + rem % 8;
+        int64_t const n = (static_cast<int64_t>(blockIdx.x) * G + gg) * 16 + rr;
+        if (m >= p.M || n >= p.N)
+            continue;
+        float sum = 0.f;
+        for (int k = 0; k < S; ++k)
+            sum += partial[k * G + gg][rem];
+        if (res != nullptr)
+            sum += toF(res[static_cast<int64_t>(m) * p.ldr + n]);
+        y[static_cast<int64_t>(m) * p.ldy + n] = fromF<T>(sum);
+    }
+}
+
+template <typename T, int NT>
+cudaError_t launchMma(GemvParams const& p, cudaStream_t stream)
+{
+    int const nblk = (p.K / 8 + 3) / 4;
+    auto blocks = [&](int s) { return (static_cast<int64_t>(p.N) + (kWarps / s) * 16 - 1) / ((kWarps / s) * 16); };
+    int S = p.splitK;
+    if (S == 0)
+    {
+        int const want = 2 * multiprocessors();
+        S = 1;
+        while (S < kWarps && blocks(S) < want && nblk / (2 * S) >= 4)
+            S *= 2;
+    }
+    int64_t const grid = blocks(S);
+    if (grid > 0x7fffffff)
+        return cudaErrorInvalidValue;
+    gemvMmaKernel<T, NT, 4><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p, S);
+    return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t launchTyped(GemvParams const& p, cudaStream_t stream)
 {
+    if constexpr (sizeof(T) == 2)
+    {
+        bool const vec = p.K % 8 == 0 && p.ldx % 8 == 0 && p.ldw % 8 == 0 && aligned16(p.x) && aligned16(p.w);
+
+        if (vec && p.M >= 2)
+            return p.M <= 8 ? launchMma<T, 1>(p, stream) : launchMma<T, 2>(p, stream);
+    }
     if (p.M <= 1)
         return launchShape<T, 1, 2, 4>(p, stream);
     if (p.M <= 2)
