@@ -254,9 +254,11 @@ def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name, prof
     V = model.hybrid_config.vocab_size
     gen = torch.Generator().manual_seed(2)
     from gdn_deploy.lm import triton_ops
-    # (label, graphs, fuse, Triton glue kernels): the default is graphed, unfused, with the glue kernels
-    variants = (("engine_graph_ms", True, True, True), ("engine_graph_unfused_ms", True, False, True),
-                ("engine_graph_torchglue_ms", True, False, False), ("engine_eager_ms", False, False, True))
+    # (label, graphs, fuse, Triton glue kernels, small-M GEMV): the default is graphed, unfused, with the glue
+    # kernels and the GEMV (engine_graph_cublas_ms: the same with cuBLAS projections, GDN_GEMV=0)
+    variants = (("engine_graph_ms", True, True, True, True), ("engine_graph_unfused_ms", True, False, True, True),
+                ("engine_graph_cublas_ms", True, False, True, False),
+                ("engine_graph_torchglue_ms", True, False, False, True), ("engine_eager_ms", False, False, True, True))
     for B in batches:
         prompts = [torch.randint(0, V, (prompt_len,), generator=gen).tolist() for _ in range(B)]
         cap = prompt_len + 3 * steps + 8
@@ -264,11 +266,15 @@ def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name, prof
                    copy_bw_GBs=bw / 1e9)
         ids = torch.randint(0, V, (B,), device="cuda")
         with torch.no_grad():
-            for label, graphs, fuse, glue in variants:
+            for label, graphs, fuse, glue, gemv in variants:
                 triton_ops.ENABLED = glue
+                gemv_env = os.environ.get("GDN_GEMV")
                 try:
                     t0 = time.perf_counter()
+                    if not gemv:
+                        os.environ["GDN_GEMV"] = "0"         # read when the engine builds its layer functions
                     eng = DecodeEngine(model, pool_size=max(batches), capacity=cap, graphs=graphs, fuse=fuse)
+                    row[label.replace("_ms", "_gemv")] = bool(getattr(eng.decoder.fns, "gemv", False))
                     row[label.replace("_ms", "_setup_s")] = time.perf_counter() - t0
                     slots, _ = eng.add(prompts)
                     sl = torch.tensor(slots, device="cuda")
@@ -280,6 +286,10 @@ def bench_engine_steps(model, hf16, batches, prompt_len, steps, rows, name, prof
                     del eng
                 finally:
                     triton_ops.ENABLED = True
+                    if gemv_env is None:
+                        os.environ.pop("GDN_GEMV", None)
+                    else:
+                        os.environ["GDN_GEMV"] = gemv_env
             pids, cu = pack_prompts(prompts, "cuda")
             _, st = model.forward_prefill(pids, cu, last_only=True)
             st = decode_states_from_prefill(model.hybrid_config, st, cu, cap)
@@ -649,11 +659,12 @@ def main(argv=None) -> int:
     if not rows:
         lines = lines[:-2]
     if steps:
-        lines = ["| config | batch x prompt | graphed + fused ms | graphed (default) ms | graphed, torch glue ms | "
-                 "engine eager ms | forward_decode ms | HF ms | byte floor ms | floor / fused | floor / default | "
-                 "HF / fused |", "|---|---|---|---|---|---|---|---|---|---|---|---|"] + [
+        lines = ["| config | batch x prompt | graphed + fused ms | graphed (default) ms | graphed, cuBLAS projections ms | "
+                 "graphed, torch glue ms | engine eager ms | forward_decode ms | HF ms | byte floor ms | floor / fused | "
+                 "floor / default | HF / fused |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + [
             f"| {r['config']} | {r['batch']} x {r['prompt_len']} | {r['engine_graph_ms']:.3f} | "
-            f"{r['engine_graph_unfused_ms']:.3f} | {r['engine_graph_torchglue_ms']:.3f} | {r['engine_eager_ms']:.3f} | "
+            f"{r['engine_graph_unfused_ms']:.3f} | {r['engine_graph_cublas_ms']:.3f} | "
+            f"{r['engine_graph_torchglue_ms']:.3f} | {r['engine_eager_ms']:.3f} | "
             f"{r['forward_decode_ms']:.3f} | {r['hf_ms']:.3f} | {r['floor_ms']:.3f} | {r['floor_fraction']:.2f} | "
             f"{r['floor_fraction_default']:.2f} | {r['speedup_vs_hf']:.1f}x |" for r in steps] + [""] + lines
     for r in rows:

@@ -85,10 +85,10 @@ def pack_model(model) -> dict:
     return packs
 
 
-def _linears(x: Tensor, mods, packed: Optional[Tensor]) -> list[Tensor]:
+def _linears(x: Tensor, mods, packed: Optional[Tensor], linear=F.linear) -> list[Tensor]:
     if packed is None:
         return [m(x) for m in mods]
-    return list(torch.split(F.linear(x, packed), [m.weight.shape[0] for m in mods], dim=-1))
+    return list(torch.split(linear(x, packed), [m.weight.shape[0] for m in mods], dim=-1))
 
 
 def _swiglu(m: SwiGLU, x: Tensor, packed: Optional[Tensor]) -> Tensor:
@@ -117,12 +117,13 @@ def _finish(layer, h: Tensor, y: Tensor, packs: dict) -> Tensor:
     return h + _mlp(layer.mlp, layer.post_attention_layernorm(h), packs)
 
 
-def _gdn_project(g, x: Tensor, packed: Optional[Tensor]):
-    """GDNBlock._project through the packed weight: mixed [R, conv_dim], z [R, Hv, V], b, a [R, Hv]."""
+def _gdn_project(g, x: Tensor, packed: Optional[Tensor], linear=F.linear):
+    """GDNBlock._project through the packed weight (``linear(x, w)`` computes it): mixed [R, conv_dim], z [R, Hv, V],
+    b, a [R, Hv]."""
     if packed is None:
         return g._project(x)
     R, Hk, Hv, K, V = x.shape[0], g.num_k_heads, g.num_v_heads, g.head_k_dim, g.head_v_dim
-    outs = _linears(x, [getattr(g, n) for n in _gdn_names(g)], packed)
+    outs = _linears(x, [getattr(g, n) for n in _gdn_names(g)], packed, linear)
     layout = g.config.projection_layout
     if layout == "qwen3_next":
         rep = Hv // Hk
@@ -152,10 +153,11 @@ def gdn_out(layer, h: Tensor, o: Tensor, z: Tensor, packs: dict) -> Tensor:
     return _finish(layer, h, layer.linear_attn._output(o, z), packs)
 
 
-def _qkv(attn, x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], packed: Optional[Tensor]):
-    """Attention._qkv with RoPE cos/sin given (from device-resident frequencies) and q/k/v from one GEMM."""
+def _qkv(attn, x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], packed: Optional[Tensor], linear=F.linear):
+    """Attention._qkv with RoPE cos/sin given (from device-resident frequencies) and q/k/v from one GEMM
+    (``linear(x, w)``)."""
     c, R, H, Hkv, D = attn.config, x.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
-    qo, k, v = _linears(x, [attn.q_proj, attn.k_proj, attn.v_proj], packed)
+    qo, k, v = _linears(x, [attn.q_proj, attn.k_proj, attn.v_proj], packed, linear)
     gate = None
     if c.output_gate:
         qg = qo.reshape(R, H, 2 * D)
