@@ -7,15 +7,9 @@
 set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-out=${OUT:-$root/out/device}
-mkdir -p "$out"
+source "$root/benchmarks/device_steps.sh"
 export PYTHONPATH=$root PYTHONUNBUFFERED=1 GDN_REQUIRE_KERNELS=1
 export GDN_KERNELS_LIB=${GDN_KERNELS_LIB:-$root/build/plugins_cpp/kernels/libgdn_kernels.so}
-step() {  # step NAME LIMIT CMD...
-  local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout --kill-after=5 "$limit" "$@" > "$out/$name.txt" 2>&1
-  echo "[$name] rc=$? ($((SECONDS - t0)) s)" | tee -a "$out/summary.txt"
-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/summary.txt"
 echo "lib: $GDN_KERNELS_LIB" | tee -a "$out/summary.txt"
 step test_gemv 40 python -m pytest -q -x -p no:cacheprovider tests/kernels/test_gemv.py

@@ -48,7 +48,7 @@ from .generation import GenerationResult, token_budgets
 from .sampling import Sampler, SamplingConfig
 from .streaming import TextStream, accept_token, check_stop_strings
 
-__all__ = ["StaticDecoder", "DecodeEngine", "engine_generate", "batch_buckets"]
+__all__ = ["StaticDecoder", "DecodeEngine", "engine_generate", "batch_buckets", "capture_graph"]
 
 
 def batch_buckets(pool_size: int) -> list[int]:
@@ -60,6 +60,21 @@ def batch_buckets(pool_size: int) -> list[int]:
         out.append(b)
         b *= 2
     return out + [pool_size]
+
+
+def capture_graph(fn, args: tuple, device, pool, warmup: int):
+    """``fn(*args)`` run ``warmup`` times on a side stream, then captured into a CUDA graph sharing the memory pool
+    ``pool`` (None: a new one): (graph, the captured call's output)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn(*args)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn(*args)
+    return graph, out
 
 
 class StaticDecoder:
@@ -152,15 +167,7 @@ class StaticDecoder:
             ids = torch.zeros(B, dtype=torch.long, device=self.device)
             slots = torch.full((B,), self.scratch, dtype=torch.long, device=self.device)
             gslots = torch.full((B,), -1, dtype=torch.int32, device=self.device)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(warmup):
-                    self._step(ids, slots, gslots)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                out = self._step(ids, slots, gslots)
+            graph, out = capture_graph(self._step, (ids, slots, gslots), self.device, self._graph_pool, warmup)
             self._graph_pool = graph.pool()
             self.graphs[B] = (graph, ids, slots, gslots, out)
 

@@ -39,7 +39,7 @@ from ..kernels import trusted_values
 from ..lm.gdn import L2NORM_EPS
 from ..lm.norms import wide
 from . import engine_layers as el
-from .cuda_engine import DecodeEngine, StaticDecoder
+from .cuda_engine import DecodeEngine, StaticDecoder, capture_graph
 from .decode_attention import decode_attention
 from .generation import token_budgets
 from .speculative import SpeculativeResult
@@ -140,15 +140,7 @@ class SpeculativeStep:
         ids = torch.zeros(B, L, dtype=torch.long, device=d.device)
         slots = torch.full((B,), d.scratch, dtype=torch.long, device=d.device)
         gslots = torch.full((B,), -1, dtype=torch.int32, device=d.device)
-        side = torch.cuda.Stream(d.device)
-        side.wait_stream(torch.cuda.current_stream(d.device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                self._step(ids, slots, gslots)
-        torch.cuda.current_stream(d.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=d._graph_pool):
-            out = self._step(ids, slots, gslots)
+        graph, out = capture_graph(self._step, (ids, slots, gslots), d.device, d._graph_pool, warmup)
         d._graph_pool = graph.pool()
         self.graphs[(B, L)] = (graph, ids, slots, gslots, out)
 
