@@ -45,6 +45,7 @@ from .decode_attention import decode_attention
 from .engine_fast import FastLayerFns, fast_available
 from .engine_layers import LayerFns, compile_available, pack_model
 from .generation import GenerationResult, token_budgets
+from .generation import sync
 from .sampling import Sampler, SamplingConfig
 from .streaming import TextStream, accept_token, check_stop_strings
 
@@ -60,6 +61,13 @@ def batch_buckets(pool_size: int) -> list[int]:
         out.append(b)
         b *= 2
     return out + [pool_size]
+
+
+def admit(waiting: list[int], arrivals: Sequence[int], step: int, free: int) -> tuple[list[int], list[int]]:
+    """Continuous batching's admission: (the waiting prompts that have arrived by ``step``, in order, at most
+    ``free`` of them; the prompts still waiting)."""
+    joining = [i for i in waiting if arrivals[i] <= step][:free]
+    return joining, [i for i in waiting if i not in joining]
 
 
 def capture_graph(fn, args: tuple, device, pool, warmup: int):
@@ -316,13 +324,12 @@ def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
             live.remove(i)
 
     while waiting or live:
-        joining = [i for i in waiting if arrivals[i] <= step][:len(engine.free)]
+        joining, waiting = admit(waiting, arrivals, step, len(engine.free))
         if joining:
-            waiting = [i for i in waiting if i not in joining]
-            _sync(dev)
+            sync(dev)
             t0 = time.perf_counter()
             slots, logits = engine.add([prompts[i] for i in joining])
-            _sync(dev)
+            sync(dev)
             t_pre += time.perf_counter() - t0
             for r, i in enumerate(joining):
                 prefill_logits[i] = logits[r].float().cpu()
@@ -332,10 +339,10 @@ def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
         if live:
             rows = list(live)
             ids = torch.cat([next_ids[i] for i in rows])
-            _sync(dev)
+            sync(dev)
             t0 = time.perf_counter()
             logits = engine.step([slot_of[i] for i in rows], ids)
-            _sync(dev)
+            sync(dev)
             t_dec += time.perf_counter() - t0
             steps, produced = steps + 1, produced + len(rows)
             take(rows, logits)
@@ -344,7 +351,3 @@ def engine_generate(engine: DecodeEngine, prompts: Sequence[Sequence[int]],
                             [r != "length" for r in reasons], reasons,
                             None if streams is None else [s.text for s in streams], sampler.seed)
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -39,7 +39,8 @@ from ..kernels import trusted_values
 from ..lm.gdn import L2NORM_EPS
 from ..lm.norms import wide
 from . import engine_layers as el
-from .cuda_engine import DecodeEngine, StaticDecoder, capture_graph
+from .cuda_engine import DecodeEngine, StaticDecoder, admit, capture_graph
+from .generation import sync
 from .decode_attention import decode_attention
 from .generation import token_budgets
 from .speculative import SpeculativeResult
@@ -260,9 +261,8 @@ def engine_speculative_generate(engine: DecodeEngine, prompts: Sequence[Sequence
         live.remove(i)
 
     while waiting or live:
-        joining = [i for i in waiting if arrivals[i] <= step][:len(engine.free)]
+        joining, waiting = admit(waiting, arrivals, step, len(engine.free))
         if joining:
-            waiting = [i for i in waiting if i not in joining]
             slots, logits = engine.add([prompts[i] for i in joining])
             slot_of.update(zip(joining, slots))
             live.extend(joining)
@@ -276,7 +276,7 @@ def engine_speculative_generate(engine: DecodeEngine, prompts: Sequence[Sequence
             drafts = drafter.propose([contexts[i] for i in rows], K, "cpu")
             last = torch.tensor([contexts[i][-1] for i in rows], dtype=torch.long)
             ids = torch.cat([last[:, None], drafts.to("cpu", torch.long)], dim=1)
-            _sync(dev)
+            sync(dev)
             t0 = time.perf_counter()
             out = spec.step([slot_of[i] for i in rows], ids.to(dev)).cpu()          # the step's one read-back
             res.seconds += time.perf_counter() - t0
@@ -293,10 +293,6 @@ def engine_speculative_generate(engine: DecodeEngine, prompts: Sequence[Sequence
         step += 1
     return res
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def speculative_on_engine(folder, backend, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -119,7 +119,8 @@ def state_holder(folder: ExportFolder, backend) -> StateHolder:
     return bound_states_for(folder, backend) or TensorStates(folder, backend)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s work (CUDA); nothing on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -145,10 +146,10 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     states = state_holder(folder, backend)
     states.start(N, capacity)
     feed = prefill_feed(folder, ids, cu, pos)
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     out = states.run("prefill", feed)
-    _sync(dev)
+    sync(dev)
     t_prefill = time.perf_counter() - t0
     logits = last_token_logits(out["logits"], cu)
     prefill_logits = logits.float().cpu()
@@ -181,10 +182,10 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
         feed = {"input_ids": nxt.to(dev)}
         if folder.has_positions:
             feed["positions"] = positions.to(dev)
-        _sync(dev)
+        sync(dev)
         t0, c0 = time.perf_counter(), time.thread_time()
         out = states.run("decode", feed)
-        _sync(dev)
+        sync(dev)
         t_decode += time.perf_counter() - t0
         c_decode += time.thread_time() - c0
         steps, produced = steps + 1, produced + len(alive)
