@@ -59,9 +59,9 @@ def _sync_time(fn):
     return time.perf_counter() - t0, out
 
 
-def _ort_backend(folder, bind_states=True, profile=False):
+def _ort_backend(folder, bind_states=True, profile=False, expand=None):
     from gdn_deploy.runtime.backends import OnnxRuntimeBackend
-    be = OnnxRuntimeBackend(folder, providers=PROVIDERS, bind_states=bind_states)
+    be = OnnxRuntimeBackend(folder, providers=PROVIDERS, bind_states=bind_states, expand_attention=expand)
     if profile:
         be.options.enable_profiling = True
         be.sessions.pop("prefill")
@@ -114,6 +114,12 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile-len", type=int, default=8192, help="0: no onnxruntime profile")
+    ap.add_argument("--prefill-chunk", type=int, default=4096,
+                    help="also time each prompt longer than this fed in continued pieces of this many tokens "
+                         "(generate's prefill_chunk; 0: one call only)")
+    ap.add_argument("--gqa-check", type=int, default=1,
+                    help="1: also run the first length on the graphs' GroupQueryAttention form as exported and "
+                         "report its logits' error (the CUDA provider runs the expanded form by default)")
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke run of this script on onnxruntime's CPU provider (no torch/HF rows)")
@@ -164,28 +170,46 @@ def main(argv=None) -> int:
                                export_s=export_s, weights_bytes=weights), prefill=[], decode=[])
 
     # ---- onnxruntime CUDA -------------------------------------------------------------------------------
-    base = _gpu_used()
-    be = _ort_backend(folder)
-    loaded = _gpu_used() - base
-    print(f"onnxruntime {ort.__version__} CUDA session: {loaded / 1e9:.3f} GB held after loading", flush=True)
+    # every (length, prefill form) on a fresh backend: onnxruntime's arena keeps its peak, so the memory held after
+    # a call is that call's peak only when nothing bigger ran in the same sessions before it
     first_logits = None
+    chunk = args.prefill_chunk or None
     for L in lens:
+        for c in ([None] + ([chunk] if chunk and L > chunk else [])):
+            base = _gpu_used()
+            try:
+                be = _ort_backend(folder)
+                kw = {"prefill_chunk": c} if c else {}
+                generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)          # warm-up at this length
+                ts = []
+                for _ in range(args.repeats):
+                    r = generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)
+                    ts.append(r.prefill_seconds)
+                if first_logits is None:
+                    first_logits = r.prefill_logits[0].double()
+                row = dict(tokens=L, chunk=c, ort_s=statistics.median(ts), ort_held_bytes=_gpu_used() - base,
+                           need_bytes=weights + state_bytes(ours16, L + 1),
+                           tt_scores_bytes=4 * L * L * max(a.self_attn.num_heads for a in ours16.layers
+                                                            if a.layer_type != "linear_attention"))
+            except Exception as e:  # noqa: BLE001  (report the failure at this length, go on)
+                row = dict(tokens=L, chunk=c, ort_error=str(e).splitlines()[0][:300],
+                           ort_held_bytes=_gpu_used() - base)
+            be = None
+            gc.collect()
+            rows["prefill"].append(row)
+            print(row, flush=True)
+    if args.gqa_check:         # the GroupQueryAttention form as exported (runtime/ort_attention.py says why not used)
         try:
-            generate(folder, be, [prompt[L]], 1, eos_token_ids=[])                       # warm-up at this length
-            ts = []
-            for _ in range(args.repeats):
-                r = generate(folder, be, [prompt[L]], 1, eos_token_ids=[])
-                ts.append(r.prefill_seconds)
-            if first_logits is None:
-                first_logits = r.prefill_logits[0].double()
-            row = dict(tokens=L, ort_s=statistics.median(ts), ort_held_bytes=_gpu_used() - base,
-                       need_bytes=weights + state_bytes(ours16, L + 1),
-                       tt_scores_bytes=4 * L * L * max(a.self_attn.num_heads for a in ours16.layers
-                                                        if a.layer_type != "linear_attention"))
-        except Exception as e:  # noqa: BLE001  (report the failure at this length, go on)
-            row = dict(tokens=L, ort_error=str(e).splitlines()[0][:300], ort_held_bytes=_gpu_used() - base)
-        rows["prefill"].append(row)
-        print(row, flush=True)
+            bg = _ort_backend(folder, expand=False)
+            rg = generate(folder, bg, [prompt[lens[0]]], 1, eos_token_ids=[])
+            rows["env"]["gqa_logits"] = gl = rg.prefill_logits[0].double()
+            if first_logits is not None:
+                rows["env"]["gqa_vs_expanded_rel"] = float((gl - first_logits).norm() / first_logits.norm())
+            del bg
+            gc.collect()
+        except Exception as e:  # noqa: BLE001
+            rows["env"]["gqa_error"] = str(e).splitlines()[0][:300]
+    be = _ort_backend(folder)
     for B in batches:
         ps = [torch.randint(0, V, (args.decode_prompt,), generator=gen).tolist() for _ in range(B)]
         for bind in (True, False):
@@ -215,6 +239,7 @@ def main(argv=None) -> int:
     del be
     gc.collect()
     if args.device == "cpu":
+        rows["env"].pop("gqa_logits", None)
         print(json.dumps(rows, indent=1))
         return 0
 
@@ -230,9 +255,14 @@ def main(argv=None) -> int:
     if first_logits is not None:
         rows["env"]["ort_logits_rel_err_vs_hf_fp32"] = float((first_logits - ref).norm() / ref.norm())
         rows["env"]["ort_argmax_equal_hf_fp32"] = bool(first_logits.argmax() == ref.argmax())
+    gl = rows["env"].pop("gqa_logits", None)
+    if gl is not None:
+        rows["env"]["ort_gqa_logits_rel_err_vs_hf_fp32"] = float((gl - ref).norm() / ref.norm())
     hf16 = hf32.to(torch.bfloat16)
     del hf32
     for row in rows["prefill"]:
+        if row.get("chunk"):                        # ours / HF once per length, on the one-call row
+            continue
         L = row["tokens"]
         ids = torch.tensor([prompt[L]], device="cuda")
         with torch.no_grad():
@@ -265,15 +295,20 @@ def main(argv=None) -> int:
           f"{args.config} config exported {args.precision} in {export_s:.0f} s, weights {weights / 1e9:.3f} GB)", "",
           f"onnxruntime's last-token logits at {lens[0]} tokens vs HF float32 on the GPU: norm-relative "
           f"{e.get('ort_logits_rel_err_vs_hf_fp32', float('nan')):.2e}, same argmax: "
-          f"{e.get('ort_argmax_equal_hf_fp32')}", "",
-          "| prefill tokens | onnxruntime CUDA s | GPU memory held (GB) | weights + states (GB) | [T, T] fp32 scores "
+          f"{e.get('ort_argmax_equal_hf_fp32')} (the graphs' attention expanded into ScatterND + Attention-23 at "
+          "session load, runtime/ort_attention.py)" + (
+              f"; the GroupQueryAttention form as exported: norm-relative "
+              f"{e['ort_gqa_logits_rel_err_vs_hf_fp32']:.2e}" if "ort_gqa_logits_rel_err_vs_hf_fp32" in e else
+              (f"; the GroupQueryAttention form: {e['gqa_error']}" if "gqa_error" in e else "")), "",
+          "| prefill tokens | fed as | onnxruntime CUDA s | GPU memory held (GB) | weights + states (GB) | [T, T] fp32 scores "
           "of all heads (GB) | ours (PyTorch + gdn kernels, bf16) s | HF + FLA (bf16) s | HF peak "
-          "activations (GB) |", "|---|---|---|---|---|---|---|---|"]
+          "activations (GB) |", "|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "–"
     for r in rows["prefill"]:
-        md.append(f"| {r['tokens']} | {f(r.get('ort_s'), '.3f') if 'ort_s' in r else r.get('ort_error')} | "
+        md.append(f"| {r['tokens']} | {'one call' if not r.get('chunk') else 'pieces of ' + str(r['chunk'])} | "
+                  f"{f(r.get('ort_s'), '.3f') if 'ort_s' in r else r.get('ort_error')} | "
                   f"{r['ort_held_bytes'] / 1e9:.2f} | {f(r.get('need_bytes', 0) / 1e9, '.2f')} | "
                   f"{f(r.get('tt_scores_bytes', 0) / 1e9, '.1f')} | {f(r.get('ours_s'), '.4f')} | "
                   f"{f(r.get('hf_s'), '.4f') if 'hf_s' in r else r.get('hf_error', '–')} | "

@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
                    help="precision when a MODEL is exported (default: fp32)")
     p.add_argument("--backend", choices=["torch", "onnxruntime", "tensorrt"], default="torch")
-    p.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu or cuda: where the torch backend runs; with --backend onnxruntime, cuda runs the "
+                        "graphs on onnxruntime's CUDA provider (onnxruntime-gpu) with the states on the GPU")
     p.add_argument("--engine", choices=["auto", "on", "fused", "off"], default="auto",
                    help="torch backend: generate on the decode engine (state pools; the step replayed from CUDA "
                         "graphs on a GPU, eager on the CPU). auto (default): on for --device cuda; fused: the "

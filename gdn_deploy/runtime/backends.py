@@ -67,8 +67,12 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
 
     def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None,
-                 bind_states: bool = True):
+                 bind_states: bool = True, expand_attention: bool | None = None):
+        """``expand_attention``: load the graphs with GroupQueryAttention expanded into ScatterND + Attention
+        (default: on the CUDA provider only; :mod:`.ort_attention` says why)."""
         import onnxruntime as ort
+
+        from .ort_attention import expand_attention_default
 
         # onnxruntime's CPU provider has no bf16 arithmetic kernels: bf16 graphs run with float32 arithmetic there
         bf16_cpu = folder.meta.get("dtypes", {}).get("activations") == "bfloat16" and \
@@ -77,6 +81,9 @@ class OnnxRuntimeBackend:
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.folder, self.providers, self.options, self.bf16_cpu = folder, providers, opts, bf16_cpu
+        self.expand_attention = expand_attention_default(providers) if expand_attention is None \
+            else bool(expand_attention)
+        self.expanded: dict[str, bool] = {}       # graph -> its GroupQueryAttention nodes were expanded at load
         self.sessions = {}
         for g in ("prefill", "decode"):
             self._open(g)
@@ -89,15 +96,16 @@ class OnnxRuntimeBackend:
 
     def _open(self, g: str):
         """The session of graph ``g`` (prefill and decode at start; others, e.g. verify, on first use)."""
-        from ..export.runtimes import onnxruntime_session
+        from .ort_attention import graph_session
         if g not in self.sessions:
             path = self.folder.graph_file(g)
             try:
                 if self.bf16_cpu:
                     from ..export.bf16_cpu import cpu_session
-                    self.sessions[g] = cpu_session(path, self.options)
+                    self.sessions[g], self.expanded[g] = cpu_session(path, self.options), False
                 else:
-                    self.sessions[g] = onnxruntime_session(path, self.providers, self.options)
+                    self.sessions[g], self.expanded[g] = graph_session(path, self.providers, self.options,
+                                                                       self.expand_attention)
             except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
                 raise LoadError(f"{path}: onnxruntime cannot load it: {first_line(e)}") from None
         return self.sessions[g]
@@ -158,14 +166,31 @@ class TensorRTBackend:
         return {k: from_numpy(v) for k, v in out.items()}
 
 
+def onnxruntime_providers(device: str) -> tuple[str, ...]:
+    """onnxruntime's execution providers for ``device`` ("cpu", "cuda"); UsageError (one line) when this
+    onnxruntime has no CUDA provider."""
+    dev = str(device)
+    if dev == "cpu":
+        return ("CPUExecutionProvider",)
+    if dev.split(":")[0] != "cuda":
+        raise UsageError(f"--device {dev}: onnxruntime runs on cpu or cuda")
+    import onnxruntime as ort
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise UsageError(f"--device {dev}: this onnxruntime ({ort.__version__}) has no CUDAExecutionProvider; "
+                         "install onnxruntime-gpu")
+    return ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
 def make_backend(name: str, folder: ExportFolder, *, device: str = "cpu", plugin_lib: str | None = None,
                  allow_pickle: bool = False, threads: int | None = None, bind_states: bool = True):
     """A backend by name; ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice);
-    ``bind_states=False`` makes onnxruntime generation pass states in and out as tensors (no in-place caches)."""
+    ``bind_states=False`` makes onnxruntime generation pass states in and out as tensors (no in-place caches).
+    onnxruntime with ``device`` "cuda" runs on its CUDA provider (onnxruntime-gpu), the states kept on the GPU."""
     if name == "torch":
         return TorchBackend(folder, device=device, allow_pickle=allow_pickle)
     if name == "onnxruntime":
-        return OnnxRuntimeBackend(folder, threads=threads, bind_states=bind_states)
+        return OnnxRuntimeBackend(folder, providers=onnxruntime_providers(device), threads=threads,
+                                  bind_states=bind_states)
     if name == "tensorrt":
         return TensorRTBackend(folder, plugin_lib)
     raise UsageError(f"--backend {name!r}: expected one of {', '.join(BACKENDS)}")

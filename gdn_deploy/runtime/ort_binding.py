@@ -68,7 +68,9 @@ def in_place_caches(path, states: list[StateSpec], graph: str) -> bool:
 
 def bound_states_for(folder: ExportFolder, backend) -> Optional["BoundStates"]:
     """A :class:`BoundStates` for ``backend`` when it is onnxruntime with ``bind_states`` on and the folder's
-    prefill and decode graphs allow in-place caches; None otherwise (the caller keeps tensors in and out)."""
+    prefill continues from its states; None otherwise (the caller keeps tensors in and out). Caches are updated
+    in place in the graphs that allow it (:func:`in_place_caches`; not in graphs loaded with their attention
+    expanded, :mod:`.ort_attention`), else exchanged between two buffers like GDN states."""
     if getattr(backend, "name", "") != "onnxruntime" or not getattr(backend, "bind_states", False):
         return None
     if getattr(backend, "bf16_cpu", False) or folder.kind != "hybrid" or not folder.prefill_continues:
@@ -77,11 +79,13 @@ def bound_states_for(folder: ExportFolder, backend) -> Optional["BoundStates"]:
     has_attention = any(s.kind == "attention" for s in folder.states)
     if has_attention and (not attn or attn.get("op") != GQA_OP):
         return None
-    cache = backend.in_place_graphs             # graph -> in_place_caches(...), checked once per backend
+    cache = backend.in_place_graphs             # graph -> caches updated in place, checked once per backend
     for g in ("prefill", "decode"):
         if g not in cache:
-            cache[g] = in_place_caches(folder.graph_file(g), folder.states, g)
-        if not cache[g]:
+            backend._open(g)
+            cache[g] = not getattr(backend, "expanded", {}).get(g, False) and \
+                in_place_caches(folder.graph_file(g), folder.states, g)
+        if not cache[g] and not getattr(backend, "expanded", {}).get(g, False):
             return None
     return BoundStates(folder, backend)
 
@@ -98,7 +102,8 @@ class BoundStates(StateHolder):
         self.folder, self.backend = folder, backend
         self.device = torch.device(getattr(backend, "state_device", "cpu"))
         self.current: dict[str, Tensor] = {}     # by decode input name
-        self.spare: dict[str, Tensor] = {}       # GDN states: the next call's output buffers
+        self.spare: dict[str, Tensor] = {}       # states not updated in place: the next call's output buffers
+        self.in_place = dict(backend.in_place_graphs)     # graph -> its caches are updated in place
 
     # ---- state -----------------------------------------------------------------------------------
     def load(self, states: Mapping[str, Tensor]) -> None:
@@ -109,7 +114,7 @@ class BoundStates(StateHolder):
             x = states[s.decode_input] if s.decode_input in states else states[s.prefill_input]
             x = x.to(self.device).contiguous()
             self.current[s.decode_input] = x
-            if s.kind != "attention":
+            if s.kind != "attention" or not all(self.in_place.values()):
                 self.spare[s.decode_input] = torch.empty_like(x)
 
     # ---- running -----------------------------------------------------------------------------------
@@ -136,11 +141,15 @@ class BoundStates(StateHolder):
                 keep.append(t)
                 self._bind(binding, i.name, t, False)
         results: dict[str, Tensor] = {}
-        others = []
+        others, swap = [], []
         for o in sess.get_outputs():
             if o.name in state_out:
                 s = state_out[o.name]
-                buf = self.current[s.decode_input] if s.kind == "attention" else self.spare[s.decode_input]
+                if s.kind == "attention" and self.in_place.get(graph, False):
+                    buf = self.current[s.decode_input]
+                else:
+                    buf = self.spare[s.decode_input]
+                    swap.append(s.decode_input)
                 self._bind(binding, o.name, buf, True)
             elif o.name == "logits" and o.type in _TORCH_TYPE:
                 n = self.logit_rows(graph, feed)
@@ -161,6 +170,6 @@ class BoundStates(StateHolder):
             for name, v in zip(bound, binding.get_outputs()):
                 if name in others:
                     results[name] = from_numpy(v.numpy())
-        for k in self.spare:                            # GDN: this call's outputs are the next call's inputs
+        for k in swap:                                  # this call's outputs are the next call's inputs
             self.current[k], self.spare[k] = self.spare[k], self.current[k]
         return results

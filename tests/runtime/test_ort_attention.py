@@ -1,0 +1,142 @@
+"""The attention form onnxruntime sessions load (gdn_deploy/runtime/ort_attention.py): graphs loaded with their
+GroupQueryAttention expanded into ScatterND + Attention-23 (what the CUDA provider gets) give the tokens, logits and
+states of the graphs as exported, with states bound on the device (caches exchanged between two buffers instead of
+updated in place), generation, continued prefill and sequences leaving the batch; the files on disk stay as they
+are; the CUDA provider gets the expanded form by default and the CPU provider the exported one."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import rel_err, seed_for
+
+pytest.importorskip("transformers")
+ort = pytest.importorskip("onnxruntime")
+import hf_tiny_models as tiny  # noqa: E402
+
+from gdn_deploy.errors import UsageError  # noqa: E402
+from gdn_deploy.export.integrity import verify_folder  # noqa: E402
+from gdn_deploy.export.loading import load_targets  # noqa: E402
+from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
+from gdn_deploy.runtime.backends import OnnxRuntimeBackend, make_backend, onnxruntime_providers  # noqa: E402
+from gdn_deploy.runtime.conversation import prefill  # noqa: E402
+from gdn_deploy.runtime.folder import ExportFolder  # noqa: E402
+from gdn_deploy.runtime.generation import generate, state_holder  # noqa: E402
+from gdn_deploy.runtime.ort_attention import expand_attention_default  # noqa: E402
+from gdn_deploy.runtime.ort_binding import BoundStates  # noqa: E402
+
+_CACHE: dict = {}
+
+
+def _folder(family, tmp_path_factory):
+    if family not in _CACHE:
+        gen = torch.Generator().manual_seed(seed_for(f"ort_attention::{family}"))
+        root = tmp_path_factory.mktemp(f"attn_{family}")
+        tiny.save(tiny.build(family, gen), root / "hf")
+        export_model(load_targets(str(root / "hf"))[0], root / "out", ExportOptions(verify=False))
+        _CACHE[family] = (ExportFolder(root / "out"), gen)
+    return _CACHE[family]
+
+
+def _pair(folder, bind=True):
+    exported = make_backend("onnxruntime", folder, threads=1, bind_states=bind)
+    expanded = OnnxRuntimeBackend(folder, threads=1, bind_states=bind, expand_attention=True)
+    assert exported.expanded == {"prefill": False, "decode": False}
+    assert expanded.expanded == {"prefill": True, "decode": True}
+    return exported, expanded
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5_moe"])
+def test_expanded_generation_equals_exported(family, tmp_path_factory):
+    """Ragged prompts (1, 6, 11, 65 tokens), one stopping at an eos id after its 3rd token (the batch shrinks):
+    the same tokens, finish flags and prefill logits from the expanded graphs (states bound, caches exchanged) as
+    from the graphs as exported (caches in place) and with tensors in and out."""
+    folder, gen = _folder(family, tmp_path_factory)
+    exported, expanded = _pair(folder)
+    holder = state_holder(folder, expanded)
+    assert isinstance(holder, BoundStates) and holder.in_place == {"prefill": False, "decode": False}
+    assert state_holder(folder, exported).in_place == {"prefill": True, "decode": True}
+    prompts = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (1, 6, 11, 65)]
+    free = generate(folder, exported, prompts, 10, eos_token_ids=[])
+    eos = free.tokens[1][2]
+    runs = [generate(folder, be, prompts, 10, eos_token_ids=[eos])
+            for be in (exported, expanded, OnnxRuntimeBackend(folder, threads=1, bind_states=False,
+                                                             expand_attention=True))]
+    for r in runs[1:]:
+        assert r.tokens == runs[0].tokens and r.finished == runs[0].finished
+        assert rel_err(r.prefill_logits, runs[0].prefill_logits) <= 1e-5
+    assert runs[0].finished[1] and runs[0].decode_steps > 0
+    verify_folder(folder.path, folder.meta, hashes=True)   # sessions loaded the graphs in memory: the files unchanged
+
+
+def test_expanded_continued_prefill_and_exchanged_caches(tmp_path_factory):
+    """A prefill of two sequences then a continued one (past lengths 3 and 7), bound: logits and every state equal
+    the exported graphs' (caches on the written slots); each call leaves the caches in the other buffer."""
+    folder, gen = _folder("qwen3_next", tmp_path_factory)
+    exported, expanded = _pair(folder)
+    first = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (3, 7)]
+    more = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (4, 2)]
+    res = []
+    for be in (exported, expanded):
+        b = state_holder(folder, be)
+        _, st = prefill(folder, be, first, capacity=12, holder=b)
+        ptrs = {k: v.data_ptr() for k, v in b.current.items()}
+        logits, st = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [3, 7], holder=b)
+        if be is expanded:
+            moved = [s for s in folder.states if b.current[s.decode_input].data_ptr() != ptrs[s.decode_input]]
+            assert {s.kind for s in moved} == {s.kind for s in folder.states}   # caches and GDN states alike
+        res.append((logits, {k: v.clone() for k, v in st.items()}))
+    assert rel_err(res[1][0], res[0][0]) <= 1e-5
+    for s in folder.states:
+        a, b = res[0][1][s.prefill_input], res[1][1][s.prefill_input]
+        if s.kind == "attention":
+            for i, n in enumerate((7, 9)):
+                assert rel_err(b[i, :, :n], a[i, :, :n]) <= 1e-5, s.prefill_input
+        else:
+            assert rel_err(b, a) <= 1e-5, s.prefill_input
+
+
+def test_form_by_provider_and_devices():
+    """The CUDA provider (by name or with options) gets the expanded form, the CPU provider the exported one;
+    onnxruntime's device names: cpu, cuda (only with a CUDA provider present), nothing else."""
+    assert not expand_attention_default(["CPUExecutionProvider"])
+    assert expand_attention_default(["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert expand_attention_default([("CUDAExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"])
+    assert onnxruntime_providers("cpu") == ("CPUExecutionProvider",)
+    with pytest.raises(UsageError, match="cpu or cuda"):
+        onnxruntime_providers("tpu")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert onnxruntime_providers("cuda")[0] == "CUDAExecutionProvider"
+    else:
+        with pytest.raises(UsageError, match="onnxruntime-gpu"):
+            onnxruntime_providers("cuda")
+
+
+_CUDA_PROVIDER = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _CUDA_PROVIDER, reason="needs onnxruntime-gpu (CUDAExecutionProvider) and a CUDA GPU")
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_cuda_provider_generation_equals_cpu(family, tmp_path_factory):
+    """onnxruntime's CUDA provider (expanded attention, states bound on the GPU) gives the CPU provider's tokens
+    and prefill logits on ragged prompts (float32 graphs, TF32 off), including a continued prefill."""
+    folder, gen = _folder(family, tmp_path_factory)
+    cpu = make_backend("onnxruntime", folder)
+    gpu = make_backend("onnxruntime", folder, device="cuda")
+    assert gpu.expanded == {"prefill": True, "decode": True}
+    assert all(sess.get_providers()[0] == "CUDAExecutionProvider" for sess in gpu.sessions.values())
+    holder = state_holder(folder, gpu)
+    assert isinstance(holder, BoundStates) and holder.device.type == "cuda"
+    prompts = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (1, 6, 11, 65)]
+    a, b = (generate(folder, be, prompts, 8, eos_token_ids=[]) for be in (cpu, gpu))
+    assert a.tokens == b.tokens
+    assert rel_err(b.prefill_logits, a.prefill_logits) <= 1e-4
+    first = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (5,)]
+    more = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (9,)]
+    res = []
+    for be in (cpu, gpu):
+        h = state_holder(folder, be)
+        _, st = prefill(folder, be, first, capacity=16, holder=h)
+        logits, _ = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [5], holder=h)
+        res.append(logits.float().cpu())
+    assert rel_err(res[1], res[0]) <= 1e-4
