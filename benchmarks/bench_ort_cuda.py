@@ -59,9 +59,9 @@ def _sync_time(fn):
     return time.perf_counter() - t0, out
 
 
-def _ort_backend(folder, bind_states=True, profile=False, expand=None):
+def _ort_backend(folder, bind_states=True, profile=False, form=None):
     from gdn_deploy.runtime.backends import OnnxRuntimeBackend
-    be = OnnxRuntimeBackend(folder, providers=PROVIDERS, bind_states=bind_states, expand_attention=expand)
+    be = OnnxRuntimeBackend(folder, providers=PROVIDERS, bind_states=bind_states, attention_form=form)
     if profile:
         be.options.enable_profiling = True
         be.sessions.pop("prefill")
@@ -117,9 +117,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-chunk", type=int, default=4096,
                     help="also time each prompt longer than this fed in continued pieces of this many tokens "
                          "(generate's prefill_chunk; 0: one call only)")
-    ap.add_argument("--gqa-check", type=int, default=1,
-                    help="1: also run the first length on the graphs' GroupQueryAttention form as exported and "
-                         "report its logits' error (the CUDA provider runs the expanded form by default)")
+    ap.add_argument("--form-check", type=int, default=1,
+                    help="1: also run the first length with the attention forms the CUDA provider does not use by "
+                         "default (runtime/ort_attention.py: exported, expanded) and report their logits' error")
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke run of this script on onnxruntime's CPU provider (no torch/HF rows)")
@@ -198,17 +198,18 @@ def main(argv=None) -> int:
             gc.collect()
             rows["prefill"].append(row)
             print(row, flush=True)
-    if args.gqa_check:         # the GroupQueryAttention form as exported (runtime/ort_attention.py says why not used)
-        try:
-            bg = _ort_backend(folder, expand=False)
-            rg = generate(folder, bg, [prompt[lens[0]]], 1, eos_token_ids=[])
-            rows["env"]["gqa_logits"] = gl = rg.prefill_logits[0].double()
-            if first_logits is not None:
-                rows["env"]["gqa_vs_expanded_rel"] = float((gl - first_logits).norm() / first_logits.norm())
-            del bg
-            gc.collect()
-        except Exception as e:  # noqa: BLE001
-            rows["env"]["gqa_error"] = str(e).splitlines()[0][:300]
+    if args.form_check:        # the other attention forms (runtime/ort_attention.py) at the first length
+        for form in ("exported", "expanded"):
+            try:
+                bg = _ort_backend(folder, form=form)
+                rg = generate(folder, bg, [prompt[lens[0]]], 1, eos_token_ids=[])
+                rows["env"][f"{form}_logits"] = gl = rg.prefill_logits[0].double()
+                if first_logits is not None:
+                    rows["env"][f"{form}_vs_default_rel"] = float((gl - first_logits).norm() / first_logits.norm())
+                del bg
+                gc.collect()
+            except Exception as e:  # noqa: BLE001
+                rows["env"][f"{form}_error"] = str(e).splitlines()[0][:300]
     be = _ort_backend(folder)
     for B in batches:
         ps = [torch.randint(0, V, (args.decode_prompt,), generator=gen).tolist() for _ in range(B)]
@@ -239,7 +240,8 @@ def main(argv=None) -> int:
     del be
     gc.collect()
     if args.device == "cpu":
-        rows["env"].pop("gqa_logits", None)
+        for form in ("exported", "expanded"):
+            rows["env"].pop(f"{form}_logits", None)
         print(json.dumps(rows, indent=1))
         return 0
 
@@ -255,9 +257,10 @@ def main(argv=None) -> int:
     if first_logits is not None:
         rows["env"]["ort_logits_rel_err_vs_hf_fp32"] = float((first_logits - ref).norm() / ref.norm())
         rows["env"]["ort_argmax_equal_hf_fp32"] = bool(first_logits.argmax() == ref.argmax())
-    gl = rows["env"].pop("gqa_logits", None)
-    if gl is not None:
-        rows["env"]["ort_gqa_logits_rel_err_vs_hf_fp32"] = float((gl - ref).norm() / ref.norm())
+    for form in ("exported", "expanded"):
+        gl = rows["env"].pop(f"{form}_logits", None)
+        if gl is not None:
+            rows["env"][f"ort_{form}_logits_rel_err_vs_hf_fp32"] = float((gl - ref).norm() / ref.norm())
     hf16 = hf32.to(torch.bfloat16)
     del hf32
     for row in rows["prefill"]:
@@ -295,11 +298,12 @@ def main(argv=None) -> int:
           f"{args.config} config exported {args.precision} in {export_s:.0f} s, weights {weights / 1e9:.3f} GB)", "",
           f"onnxruntime's last-token logits at {lens[0]} tokens vs HF float32 on the GPU: norm-relative "
           f"{e.get('ort_logits_rel_err_vs_hf_fp32', float('nan')):.2e}, same argmax: "
-          f"{e.get('ort_argmax_equal_hf_fp32')} (the graphs' attention expanded into ScatterND + Attention-23 at "
-          "session load, runtime/ort_attention.py)" + (
-              f"; the GroupQueryAttention form as exported: norm-relative "
-              f"{e['ort_gqa_logits_rel_err_vs_hf_fp32']:.2e}" if "ort_gqa_logits_rel_err_vs_hf_fp32" in e else
-              (f"; the GroupQueryAttention form: {e['gqa_error']}" if "gqa_error" in e else "")), "",
+          f"{e.get('ort_argmax_equal_hf_fp32')} (default form: GroupQueryAttention with its total sequence length "
+          "fed from the host, runtime/ort_attention.py)" + "".join(
+              f"; {form} form: norm-relative {e[f'ort_{form}_logits_rel_err_vs_hf_fp32']:.2e}"
+              if f"ort_{form}_logits_rel_err_vs_hf_fp32" in e else
+              (f"; {form} form: {e[f'{form}_error']}" if f"{form}_error" in e else "")
+              for form in ("exported", "expanded")), "",
           "| prefill tokens | fed as | onnxruntime CUDA s | GPU memory held (GB) | weights + states (GB) | [T, T] fp32 scores "
           "of all heads (GB) | ours (PyTorch + gdn kernels, bf16) s | HF + FLA (bf16) s | HF peak "
           "activations (GB) |", "|---|---|---|---|---|---|---|---|---|"]

@@ -67,12 +67,10 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
 
     def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None,
-                 bind_states: bool = True, expand_attention: bool | None = None):
-        """``expand_attention``: load the graphs with GroupQueryAttention expanded into ScatterND + Attention
-        (default: on the CUDA provider only; :mod:`.ort_attention` says why)."""
+                 bind_states: bool = True, attention_form: str | None = None):
+        """``attention_form``: the form every graph's GroupQueryAttention loads in (:mod:`.ort_attention`:
+        "exported", "host_total", "expanded"); default: as exported, rewritten on the CUDA provider."""
         import onnxruntime as ort
-
-        from .ort_attention import expand_attention_default
 
         # onnxruntime's CPU provider has no bf16 arithmetic kernels: bf16 graphs run with float32 arithmetic there
         bf16_cpu = folder.meta.get("dtypes", {}).get("activations") == "bfloat16" and \
@@ -81,9 +79,8 @@ class OnnxRuntimeBackend:
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.folder, self.providers, self.options, self.bf16_cpu = folder, providers, opts, bf16_cpu
-        self.expand_attention = expand_attention_default(providers) if expand_attention is None \
-            else bool(expand_attention)
-        self.expanded: dict[str, bool] = {}       # graph -> its GroupQueryAttention nodes were expanded at load
+        self.attention_form = attention_form
+        self.forms: dict[str, str] = {}           # graph -> the attention form its session was loaded in
         self.sessions = {}
         for g in ("prefill", "decode"):
             self._open(g)
@@ -96,16 +93,16 @@ class OnnxRuntimeBackend:
 
     def _open(self, g: str):
         """The session of graph ``g`` (prefill and decode at start; others, e.g. verify, on first use)."""
-        from .ort_attention import graph_session
+        from .ort_attention import default_form, graph_session
         if g not in self.sessions:
             path = self.folder.graph_file(g)
             try:
                 if self.bf16_cpu:
                     from ..export.bf16_cpu import cpu_session
-                    self.sessions[g], self.expanded[g] = cpu_session(path, self.options), False
+                    self.sessions[g], self.forms[g] = cpu_session(path, self.options), "exported"
                 else:
-                    self.sessions[g], self.expanded[g] = graph_session(path, self.providers, self.options,
-                                                                       self.expand_attention)
+                    form = self.attention_form or default_form(self.providers, g)
+                    self.sessions[g], self.forms[g] = graph_session(path, self.providers, self.options, form)
             except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
                 raise LoadError(f"{path}: onnxruntime cannot load it: {first_line(e)}") from None
         return self.sessions[g]
@@ -113,7 +110,16 @@ class OnnxRuntimeBackend:
     def run(self, graph: str, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
         from ..export.runtimes import run_onnxruntime
         sess = self._open(graph)
+        feed = self.graph_feed(graph, feed)
         return run_onnxruntime(sess, {i.name: feed[i.name].cpu() for i in sess.get_inputs()})
+
+    def graph_feed(self, graph: str, feed: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+        """``feed`` plus the inputs the session's attention form adds (host_total: the total sequence length,
+        computed on the host)."""
+        if self.forms.get(graph) != "host_total":
+            return feed
+        from .ort_attention import TOTAL_INPUT, host_total
+        return {**feed, TOTAL_INPUT: host_total(feed)}
 
 
 class TensorRTBackend:

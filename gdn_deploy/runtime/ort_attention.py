@@ -1,53 +1,106 @@
 """The attention form onnxruntime runs a folder's graphs in, chosen per execution provider at session load.
 
 A hybrid folder's onnxruntime graphs hold one ``com.microsoft::GroupQueryAttention`` per attention layer, which
-updates the KV caches in place (:mod:`.ort_binding`). On the CUDA provider of onnxruntime-gpu 1.31.1 that node gives
-wrong outputs inside these graphs: NaN, or a norm-relative error of ~0.8 against the CPU provider, in prefill (64 to
-1024 tokens, with or without spare cache slots) and in decode, with its flash and memory-efficient kernels alike;
-the same node fed the same inputs in a session of its own matches float64 to 2e-4 (docs/models.md, "onnxruntime's
-CUDA provider"). So a session on the CUDA provider loads each graph with every GroupQueryAttention expanded into the
-form the TensorRT copies hold (``ScatterND`` row writes + the standard ONNX ``Attention``, opset 23:
-:func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`), in memory: the files on disk are unchanged
-and the weights are read from the folder (``session.model_external_initializers_file_folder_path``). Its caches
-are not updated in place: :class:`~.ort_binding.BoundStates` then keeps two buffers per cache, as for GDN states.
+updates the KV caches in place (:mod:`.ort_binding`); the graph computes the node's ``total_sequence_length`` (a
+host-side scalar input of the op) from the positions: max(past) + L. On the CUDA provider of onnxruntime-gpu
+1.31.1 the node then gives wrong outputs: NaN, or a norm-relative error of ~0.8 against the CPU provider, in
+prefill (64 to 1024 tokens) and in decode, with its flash and memory-efficient kernels alike. The same node fed the
+same inputs in a session of its own matches float64 to 2e-4, and the whole graph is right (2.3e-3 from the CPU
+provider in fp16, like every other form) when ``total_sequence_length`` comes from a graph input on the host
+instead of from the GPU (docs/models.md, "onnxruntime's CUDA provider"). So the CUDA provider loads graphs in one
+of two rewritten forms, in memory (the files on disk are unchanged, the weights are read from the folder through
+``session.model_external_initializers_file_folder_path``):
+
+- ``host_total`` (prefill and decode, when the graph takes ``positions``): every GroupQueryAttention reads
+  ``total_sequence_length`` from one extra graph input, :data:`TOTAL_INPUT` (int32 scalar), which the runtime
+  computes on the host from the feed (:func:`host_total`). Caches stay in place, the fused kernels run.
+- ``expanded`` (other graphs, e.g. verify): every GroupQueryAttention becomes the form the TensorRT copies hold
+  (``ScatterND`` row writes + the standard ONNX ``Attention``, opset 23:
+  :func:`gdn_deploy.export.onnx_cache_attention.expand_cache_attention`); caches are not updated in place
+  (:class:`~.ort_binding.BoundStates` keeps two buffers per cache) and onnxruntime's CUDA ``Attention`` forms the
+  [L, S] scores of every head.
+
+Other providers load the graphs as exported (``exported``).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-__all__ = ["EXPAND_ON_PROVIDERS", "expand_attention_default", "graph_session"]
+import torch
+from torch import Tensor
 
-EXPAND_ON_PROVIDERS = frozenset({"CUDAExecutionProvider"})
+__all__ = ["FORMS", "TOTAL_INPUT", "default_form", "graph_session", "host_total"]
+
+FORMS = ("exported", "host_total", "expanded")
+TOTAL_INPUT = "gqa_total_sequence_length"
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+_REWRITE_ON = frozenset({"CUDAExecutionProvider"})
 
 
-def _names(providers: Sequence) -> list[str]:
-    return [p if isinstance(p, str) else p[0] for p in providers]
+def default_form(providers: Sequence, graph: str) -> str:
+    """The form graph ``graph`` loads in on ``providers`` (names or (name, options)): see the module docstring."""
+    names = {p if isinstance(p, str) else p[0] for p in providers}
+    if not _REWRITE_ON & names:
+        return "exported"
+    return "host_total" if graph in ("prefill", "decode") else "expanded"
 
 
-def expand_attention_default(providers: Sequence) -> bool:
-    """True when ``providers`` (names or (name, options)) put graphs on a provider listed in EXPAND_ON_PROVIDERS."""
-    return bool(EXPAND_ON_PROVIDERS & set(_names(providers)))
+def host_total(feed: Mapping[str, Tensor]) -> Tensor:
+    """:data:`TOTAL_INPUT` for a prefill or decode feed: max(past) + L, as the graphs compute it (prefill: past =
+    each sequence's first position, L = the padded view's width; decode: past = the positions, L = 1)."""
+    pos = feed["positions"].detach().cpu().to(torch.long)
+    if "pad_index" in feed:
+        cu = feed["cu_seqlens"].detach().cpu().to(torch.long)
+        past = pos[cu[:-1].clamp(max=max(int(pos.shape[0]) - 1, 0))] if pos.numel() else pos
+        width = int(feed["pad_index"].shape[1])
+    else:
+        past, width = pos, 1
+    top = int(past.max()) if past.numel() else 0
+    return torch.tensor(top + width, dtype=torch.int32)
 
 
-def graph_session(path: Path, providers: Sequence, options, expand: bool):
-    """(an onnxruntime session of graph file ``path``, whether its GroupQueryAttention nodes were expanded).
-    ``expand``: load the graph with them expanded (see the module docstring); a graph without such nodes loads
+def _rewrite(model, form: str) -> int:
+    """Rewrite ``model`` (in place) into ``form``; the count of GroupQueryAttention nodes changed."""
+    from onnx import TensorProto, helper
+
+    from ..export.onnx_cache_attention import GQA_DOMAIN, expand_cache_attention
+    if form == "expanded":
+        return expand_cache_attention(model)
+    g = model.graph
+    if not any(i.name == "positions" for i in g.input):
+        return 0
+    count = 0
+    for n in g.node:
+        if n.domain == GQA_DOMAIN and n.op_type == "GroupQueryAttention" and len(n.input) >= 7:
+            n.input[6] = TOTAL_INPUT
+            count += 1
+    if count:
+        g.input.append(helper.make_tensor_value_info(TOTAL_INPUT, TensorProto.INT32, []))
+    return count
+
+
+def graph_session(path: Path, providers: Sequence, options, form: str):
+    """(an onnxruntime session of graph file ``path``, the form it was loaded in). ``form``: one of FORMS; a graph
+    without GroupQueryAttention nodes (or, for ``host_total``, without a ``positions`` input, then expanded) loads
     from its file as it is."""
     import onnx
     import onnxruntime as ort
 
-    from ..export.onnx_cache_attention import expand_cache_attention
     from ..export.runtimes import session_settings
+    if form not in FORMS:
+        raise ValueError(f"attention form {form!r}: expected one of {FORMS}")
     path = Path(path)
     model: Optional[onnx.ModelProto] = None
-    if expand:
+    if form != "exported":
         model = onnx.load(str(path), load_external_data=False)
-        if not expand_cache_attention(model):
-            model = None
+        if not _rewrite(model, form):
+            if form == "host_total" and _rewrite(model, "expanded"):
+                form = "expanded"
+            else:
+                model, form = None, "exported"
     if model is None:
-        return ort.InferenceSession(str(path), options, **session_settings(providers)), False
+        return ort.InferenceSession(str(path), options, **session_settings(providers)), "exported"
     folder = str(path.parent.resolve())
     try:
         known = options.get_session_config_entry(EXTERNAL_FOLDER_KEY)
@@ -55,4 +108,4 @@ def graph_session(path: Path, providers: Sequence, options, expand: bool):
         known = None
     if known != folder:
         options.add_session_config_entry(EXTERNAL_FOLDER_KEY, folder)
-    return ort.InferenceSession(model.SerializeToString(), options, **session_settings(providers)), True
+    return ort.InferenceSession(model.SerializeToString(), options, **session_settings(providers)), form

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .folder import ExportFolder, StateSpec
+from .ort_attention import TOTAL_INPUT
 from .states import StateHolder
 
 __all__ = ["BoundStates", "bound_states_for", "in_place_caches", "GQA_OP"]
@@ -83,9 +84,9 @@ def bound_states_for(folder: ExportFolder, backend) -> Optional["BoundStates"]:
     for g in ("prefill", "decode"):
         if g not in cache:
             backend._open(g)
-            cache[g] = not getattr(backend, "expanded", {}).get(g, False) and \
+            cache[g] = backend.forms.get(g) != "expanded" and \
                 in_place_caches(folder.graph_file(g), folder.states, g)
-        if not cache[g] and not getattr(backend, "expanded", {}).get(g, False):
+        if not cache[g] and backend.forms.get(g) != "expanded":
             return None
     return BoundStates(folder, backend)
 
@@ -128,6 +129,7 @@ class BoundStates(StateHolder):
         ignored) and the current states; the states become the graph's outputs. Returns the non-state outputs
         (logits on the state device, others on the CPU)."""
         sess = self.backend._open(graph)
+        feed = self.backend.graph_feed(graph, feed)
         binding = sess.io_binding()
         keep = []
         state_in = {(s.prefill_input if graph == "prefill" else s.decode_input): s for s in self.folder.states}
@@ -137,7 +139,8 @@ class BoundStates(StateHolder):
                 s = state_in[i.name]
                 self._bind(binding, i.name, self.current[s.decode_input], False)
             else:
-                t = feed[i.name].to(self.device).contiguous()
+                t = feed[i.name]
+                t = (t if i.name == TOTAL_INPUT else t.to(self.device)).contiguous()   # a host scalar stays there
                 keep.append(t)
                 self._bind(binding, i.name, t, False)
         results: dict[str, Tensor] = {}
