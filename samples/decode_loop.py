@@ -36,6 +36,14 @@ previous turn left (only the new tokens are fed), then the reply is generated (g
 
   python samples/decode_loop.py --model qwen35 --backend onnxruntime --chat -p "Hi, I am Ann." -p "My name?" -n 24
 
+--prefill-chunk N prefills a prompt longer than N tokens in pieces of at most N, each continuing from the states
+the previous piece left (KV caches sized for the whole prompt from the start): the prefill's memory is bounded by N
+instead of the prompt length (docs/models.md). The tokens equal one prefill's (the logits to rounding). With --chat
+it applies to every turn.
+
+  python samples/decode_loop.py --model qwen35 --backend onnxruntime -p "$(cat long_report.txt)" -n 64 \
+      --prefill-chunk 4096
+
 --compare runs the chosen backend and PyTorch and compares the tokens; with --hf HF_FOLDER it compares with
 Hugging Face transformers' generate(do_sample=False) run on each prompt alone and reports the largest prefill
 logit difference. A difference exits with code 5 and names the first differing prompt and position.
@@ -103,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-tokens", type=int, default=3, metavar="K", help="draft tokens per step (1..15)")
     p.add_argument("--chat", action="store_true", help="every --ids/-p is the next turn of one conversation "
                    "(prefill continues from the previous turn's states)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prefill a prompt longer than N tokens in pieces of at most N, each continuing from the "
+                        "states the previous piece left: bounds the prefill's memory (its per-chunk GDN matrices and "
+                        "attention scores grow with the tokens of one call) at the cost of more calls; the tokens "
+                        "equal one prefill's. Default: off (one prefill call). Hybrid folders whose prefill "
+                        "continues; not with the decode engine or --speculative")
     p.add_argument("-q", "--quiet", action="store_true", help="only the results")
     return p
 
@@ -292,13 +306,13 @@ def use_engine(args, backend, say) -> bool:
     return True
 
 
-def run_chat(folder, backend, turns, texts, budgets, eos, sampling, codec) -> int:
+def run_chat(folder, backend, turns, texts, budgets, eos, sampling, codec, prefill_chunk=None) -> int:
     """--chat: the prompts are the turns of one conversation (gdn_deploy.runtime.conversation)."""
     from gdn_deploy.runtime.conversation import Conversation
     per_turn = budgets if isinstance(budgets, list) else [budgets] * len(turns)
     if len(per_turn) != len(turns):
         raise UsageError(f"-n: {len(per_turn)} budgets for {len(turns)} turns (give one, or one per turn)")
-    chat = Conversation(folder, backend, sampling=sampling, eos_token_ids=eos)
+    chat = Conversation(folder, backend, sampling=sampling, eos_token_ids=eos, prefill_chunk=prefill_chunk)
     for i, (turn, n) in enumerate(zip(turns, per_turn)):
         reply = chat.turn(turn, n)
         print(f"[turn {i}] {turn if texts[i] is None else repr(texts[i])} -> {reply}")
@@ -310,6 +324,7 @@ def run_chat(folder, backend, turns, texts, budgets, eos, sampling, codec) -> in
 
 def main_body(args) -> int:
     from gdn_deploy.runtime.backends import make_backend
+    from gdn_deploy.runtime.chunked_prefill import check_prefill_chunk
     from gdn_deploy.runtime.generation import check_prompts, generate
     say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     budgets = parse_budgets(args.max_new_tokens)
@@ -324,6 +339,8 @@ def main_body(args) -> int:
         raise UsageError("--engine fused: --speculative runs on the unfused engine (--engine on, or auto on CUDA)")
     if args.chat and (args.compare or args.speculative or args.stop or args.stream):
         raise UsageError("--chat: leave out --compare, --speculative, --stop and --stream")
+    if args.prefill_chunk is not None and args.speculative:
+        raise UsageError("--prefill-chunk: --speculative prefills in one call; leave one of them out")
     if args.speculative and (not sampling.greedy or args.stop or args.stream or isinstance(budgets, list)):
         raise UsageError("--speculative decodes greedily with one -n for all prompts: leave out --temperature, "
                          "--stop, --stream and per-prompt budgets")
@@ -333,6 +350,7 @@ def main_body(args) -> int:
         raise UsageError(f"--stop/--stream: {folder.path} has no tokenizer.json to make text; use --stop-id")
     prompts, texts = make_prompts(args, codec, folder)
     check_prompts(folder, prompts, budgets)
+    check_prefill_chunk(folder, args.prefill_chunk)
     eos = ([] if args.ignore_eos else list(folder.eos_token_ids)) + list(args.stop_id)
     say(f"{folder.path}: {folder.kind} model, backend {args.backend}, {len(prompts)} prompt(s) of "
         f"{[len(p) for p in prompts]} tokens, {budgets} new tokens" + (f", eos {eos}" if eos else "") +
@@ -341,7 +359,7 @@ def main_body(args) -> int:
     backend = make_backend(args.backend, folder, device=args.device, plugin_lib=args.plugins,
                            allow_pickle=args.allow_pickle)
     if args.chat:
-        return run_chat(folder, backend, prompts, texts, budgets, eos, sampling, codec)
+        return run_chat(folder, backend, prompts, texts, budgets, eos, sampling, codec, args.prefill_chunk)
     if args.speculative:
         if use_engine(args, backend, say):
             from gdn_deploy.runtime.engine_speculative import speculative_on_engine as speculate
@@ -353,8 +371,10 @@ def main_body(args) -> int:
         res = spec
     else:
         text_on = codec.has_text and bool(args.stop or args.stream)
-        run, extra = generate, {}
+        run, extra = generate, {"prefill_chunk": args.prefill_chunk}
         if use_engine(args, backend, say):
+            if args.prefill_chunk is not None:
+                raise UsageError("--prefill-chunk: the decode engine prefills in one call; add --engine off")
             from gdn_deploy.runtime.engine_generation import generate_on_engine as run
             extra = dict(fuse=args.engine == "fused")
         res = run(folder, backend, prompts, budgets, eos_token_ids=eos, sampling=sampling,
@@ -372,7 +392,8 @@ def main_body(args) -> int:
     if not sampling.greedy:
         print(f"seed: {res.seed}")
     if not args.speculative:
-        say(f"prefill: {sum(len(p) for p in prompts)} tokens in {res.prefill_seconds * 1e3:.1f} ms; decode: "
+        pieces = f" (pieces of at most {args.prefill_chunk})" if args.prefill_chunk else ""
+        say(f"prefill: {sum(len(p) for p in prompts)} tokens{pieces} in {res.prefill_seconds * 1e3:.1f} ms; decode: "
             f"{res.decode_tokens} tokens in {res.decode_steps} steps, {res.decode_seconds * 1e3:.1f} ms "
             f"({res.tokens_per_second:.1f} tokens/s)")
     if not args.compare:

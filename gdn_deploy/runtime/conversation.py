@@ -3,11 +3,13 @@
 :func:`prefill` runs the prefill graph of a folder whose prefill takes every layer's past state
 (``ExportFolder.prefill_continues``): N sequences of new tokens, each at its own past length, continuing from the
 states a previous prefill or decode returned (GDN conv/recurrent states, KV caches ``[N, Hkv, S, D]``), so a second
-turn or the next chunk of a long prompt costs only its new tokens. onnxruntime's CPU GroupQueryAttention refuses a
-batch of several sequences when a prompt continues from a past: such batches run one sequence per call here.
+turn or the next chunk of a long prompt costs only its new tokens. onnxruntime's GroupQueryAttention refuses a
+batch of several sequences when a prompt continues from a past: such batches run in groups of rows
+(:func:`.chunked_prefill.prefill_into`, which also feeds long prompts in pieces).
 
 :class:`Conversation` keeps one sequence's states between turns: each :meth:`Conversation.turn` feeds the new
-turn's ids (after the reply token the previous turn generated but did not feed) and generates the reply.
+turn's ids (after the reply token the previous turn generated but did not feed) and generates the reply; with
+``prefill_chunk``, a turn longer than that is prefilled in pieces (:mod:`.chunked_prefill`).
 """
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
+from .chunked_prefill import check_prefill_chunk, prefill_into
 from .folder import ExportFolder
-from .generation import pack_prompts, prefill_feed, state_holder
+from .generation import state_holder
 from .sampling import Sampler, SamplingConfig
-from .states import STATE_DTYPES, StateHolder, TensorStates, empty_state_feed, last_token_logits
+from .states import STATE_DTYPES, StateHolder, TensorStates, empty_state_feed
 
 __all__ = ["prefill", "check_states", "grow_states", "Conversation"]
 
@@ -65,20 +68,12 @@ def grow_states(folder: ExportFolder, states: dict[str, Tensor], capacity: int) 
     return out
 
 
-def _run(holder: StateHolder, prompts, past) -> Tensor:
-    """Prefill ``prompts`` at past lengths ``past`` from the holder's states (left there updated); the last
-    tokens' logits."""
-    dev = holder.backend.device
-    ids, cu, _ = pack_prompts(prompts, dev)
-    pos = torch.tensor([p + j for p, q in zip(past, prompts) for j in range(len(q))], dtype=torch.long, device=dev)
-    return last_token_logits(holder.run("prefill", prefill_feed(holder.folder, ids, cu, pos))["logits"], cu)
-
-
 def prefill(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], states: Optional[dict] = None,
             past: Optional[Sequence[int]] = None, capacity: Optional[int] = None,
-            holder: Optional[StateHolder] = None):
+            holder: Optional[StateHolder] = None, chunk: Optional[int] = None):
     """Prefill ``prompts`` (new token ids per sequence, >= 1 each) at past lengths ``past`` (default 0) continuing
-    from ``states`` (default: zero states with KV caches of ``capacity`` slots, default just enough).
+    from ``states`` (default: zero states with KV caches of ``capacity`` slots, default just enough); with
+    ``chunk``, at most that many tokens per call (:func:`~gdn_deploy.runtime.chunked_prefill.prefill_into`).
     Returns (logits [N, vocab] of each sequence's last token, the states after it, by input name). The states end
     up in ``holder`` (default: a new :class:`~gdn_deploy.runtime.states.TensorStates`; a
     :func:`~gdn_deploy.runtime.generation.state_holder`'s, e.g. onnxruntime's bound states, for decoding on): the
@@ -86,6 +81,7 @@ def prefill(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], sta
     if not folder.prefill_continues:
         raise UsageError(f"{folder.path}: its prefill graph starts from empty states (exported by an earlier "
                          "gdn-deploy); re-export it to continue a prompt")
+    chunk = check_prefill_chunk(folder, chunk)
     N = len(prompts)
     past = [0] * N if past is None else [int(p) for p in past]
     if len(past) != N or any(p < 0 for p in past):
@@ -97,25 +93,16 @@ def prefill(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], sta
         states = empty_state_feed(folder, N, capacity or max(p + max(lens) for p in past))
     check_states(folder, states, N, past, lens)
     holder = TensorStates(folder, backend) if holder is None else holder
-    if N > 1 and any(past) and max(lens) > 1 and getattr(backend, "name", "") == "onnxruntime":
-        logits, parts = [], []
-        for i in range(N):
-            one = TensorStates(folder, backend)
-            one.load({k: v[i:i + 1] for k, v in states.items()})
-            logits.append(_run(one, [prompts[i]], [past[i]]))
-            parts.append(one.prefill_states())
-        holder.load({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
-        return torch.cat(logits), holder.prefill_states()
-    holder.load(states)
-    return _run(holder, prompts, past), holder.prefill_states()
+    return prefill_into(holder, prompts, past, states, chunk), holder.prefill_states()
 
 
 class Conversation:
     """One sequence's states across turns (prefill continues; nothing already fed is fed again)."""
 
     def __init__(self, folder: ExportFolder, backend, sampling: Optional[SamplingConfig] = None,
-                 eos_token_ids: Optional[Sequence[int]] = None):
+                 eos_token_ids: Optional[Sequence[int]] = None, prefill_chunk: Optional[int] = None):
         self.folder, self.backend, self.sampling = folder, backend, sampling
+        self.prefill_chunk = check_prefill_chunk(folder, prefill_chunk)
         self.eos = set(folder.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.states: Optional[dict[str, Tensor]] = None
         self.fed: list[int] = []            # every token whose state is in self.states
@@ -137,7 +124,8 @@ class Conversation:
         cap = past + len(new) + max_new_tokens
         states = None if self.states is None else grow_states(self.folder, self.states, cap)
         holder = state_holder(self.folder, self.backend)
-        logits, _ = prefill(self.folder, self.backend, [new], states, [past], capacity=cap, holder=holder)
+        logits, _ = prefill(self.folder, self.backend, [new], states, [past], capacity=cap, holder=holder,
+                            chunk=self.prefill_chunk)
         self.fed += new
         sampler = Sampler(self.sampling, [self.fed], V, device=logits.device)
         out: list[int] = []

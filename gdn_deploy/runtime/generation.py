@@ -4,6 +4,9 @@ One prefill call for all prompts (packed, ``cu_seqlens``; sequences of different
 per step for the whole batch: every sequence at its own position, its states carried from the previous call.
 A sequence that emits an end-of-sequence id (the sidecar's ``generation.eos_token_ids`` unless given) stops and
 leaves the batch (its state rows are dropped), so sequences finish at different times.
+With ``prefill_chunk`` (folders whose prefill continues), a prompt longer than that is prefilled in pieces of at
+most that many tokens, each continuing from the previous piece's states (:mod:`.chunked_prefill`): the prefill's
+memory is bounded by the chunk; the tokens equal the one-call prefill's, the logits to rounding.
 
 The next token comes from :class:`.sampling.Sampler` (``sampling``: temperature, top-k/p, min-p, repetition
 penalty, seed; greedy when left out). With ``decode_text`` (ids -> text), each sequence's text is built
@@ -20,11 +23,12 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
-from ..lm.model import padded_view
+from .chunked_prefill import check_prefill_chunk, prefill_into
 from .folder import ExportFolder
 from .ort_binding import bound_states_for
 from .sampling import Sampler, SamplingConfig
-from .states import StateHolder, TensorStates, decode_states_after_prefill, empty_state_feed, last_token_logits
+from .states import (StateHolder, TensorStates, decode_states_after_prefill, empty_state_feed, last_token_logits,
+                     pack_prompts, prefill_feed)
 from .streaming import TextStream, accept_token, check_stop_strings
 
 __all__ = ["GenerationResult", "generate", "check_prompts", "pack_prompts", "prefill_feed", "fresh_prefill_feed",
@@ -87,26 +91,6 @@ def check_prompts(folder: ExportFolder, prompts: Sequence[Sequence[int]],
                              f"(max_position_embeddings={limit}); shorten the prompt or lower -n")
 
 
-def pack_prompts(prompts: Sequence[Sequence[int]], device=None) -> tuple[Tensor, Tensor, Tensor]:
-    """(input_ids [T] int64, cu_seqlens [N+1] int32, positions [T] int64) of the prompts concatenated."""
-    ids = torch.tensor([int(t) for p in prompts for t in p], dtype=torch.long, device=device)
-    cu = [0]
-    for p in prompts:
-        cu.append(cu[-1] + len(p))
-    pos = torch.tensor([j for p in prompts for j in range(len(p))], dtype=torch.long, device=device)
-    return ids, torch.tensor(cu, dtype=torch.int32, device=device), pos
-
-
-def prefill_feed(folder: ExportFolder, ids: Tensor, cu: Tensor, pos: Tensor) -> dict[str, Tensor]:
-    """The prefill graph's inputs other than the states for packed prompts (``pos``: each token's position)."""
-    feed = {"input_ids": ids, "cu_seqlens": cu}
-    if folder.has_positions:
-        feed["positions"] = pos
-    if folder.prefill_continues:
-        feed["pad_index"] = padded_view(cu, ids.device)
-    return feed
-
-
 def fresh_prefill_feed(folder: ExportFolder, ids: Tensor, cu: Tensor, pos: Tensor, capacity: int) -> dict[str, Tensor]:
     """The prefill graph's feed for packed prompts that start from empty states (KV caches of ``capacity``)."""
     n = int(cu.shape[0]) - 1
@@ -128,8 +112,10 @@ def sync(device: torch.device) -> None:
 def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, Sequence[int]],
              eos_token_ids: Optional[Sequence[int]] = None, sampling: Optional[SamplingConfig] = None,
              stop_strings: Sequence[str] = (), decode_text: Optional[Callable[[list[int]], str]] = None,
-             on_text: Optional[Callable[[int, str], None]] = None) -> GenerationResult:
+             on_text: Optional[Callable[[int, str], None]] = None,
+             prefill_chunk: Optional[int] = None) -> GenerationResult:
     check_prompts(folder, prompts, max_new_tokens)
+    prefill_chunk = check_prefill_chunk(folder, prefill_chunk)
     budgets = token_budgets(max_new_tokens, len(prompts))
     max_new_tokens = max(budgets)
     stop_strings = check_stop_strings(stop_strings)
@@ -144,14 +130,20 @@ def generate(folder: ExportFolder, backend, prompts: Sequence[Sequence[int]], ma
     lens = [len(p) for p in prompts]
     capacity = max(lens) + max_new_tokens
     states = state_holder(folder, backend)
-    states.start(N, capacity)
-    feed = prefill_feed(folder, ids, cu, pos)
-    sync(dev)
-    t0 = time.perf_counter()
-    out = states.run("prefill", feed)
+    if prefill_chunk is not None and max(lens) > prefill_chunk:     # in pieces, continuing (chunked_prefill)
+        states.capacity = capacity
+        zeros = empty_state_feed(folder, N, capacity, states.device)
+        sync(dev)
+        t0 = time.perf_counter()
+        logits = prefill_into(states, prompts, [0] * N, zeros, prefill_chunk)
+    else:
+        states.start(N, capacity)
+        feed = prefill_feed(folder, ids, cu, pos)
+        sync(dev)
+        t0 = time.perf_counter()
+        logits = last_token_logits(states.run("prefill", feed)["logits"], cu)
     sync(dev)
     t_prefill = time.perf_counter() - t0
-    logits = last_token_logits(out["logits"], cu)
     prefill_logits = logits.float().cpu()
     eos = set(folder.eos_token_ids if eos_token_ids is None else eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]

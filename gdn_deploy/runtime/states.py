@@ -13,16 +13,16 @@ graphs on them: :meth:`StateHolder.start` (zero states) or :meth:`~StateHolder.l
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from ..lm.model import scatter_packed
+from ..lm.model import padded_view, scatter_packed
 from .folder import ExportFolder
 
 __all__ = ["STATE_DTYPES", "StateHolder", "TensorStates", "empty_state_feed", "decode_states_after_prefill",
-           "last_token_logits"]
+           "last_token_logits", "pack_prompts", "prefill_feed"]
 
 STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -35,6 +35,26 @@ def empty_state_feed(folder: ExportFolder, n: int, capacity: int, device=None) -
             shape = [n if d == "B" else capacity if d == "S" else int(d) for d in s.decode_shape]
             out[s.prefill_input] = torch.zeros(shape, dtype=STATE_DTYPES[s.dtype], device=device)
     return out
+
+
+def pack_prompts(prompts: Sequence[Sequence[int]], device=None) -> tuple[Tensor, Tensor, Tensor]:
+    """(input_ids [T] int64, cu_seqlens [N+1] int32, positions [T] int64) of the prompts concatenated."""
+    ids = torch.tensor([int(t) for p in prompts for t in p], dtype=torch.long, device=device)
+    cu = [0]
+    for p in prompts:
+        cu.append(cu[-1] + len(p))
+    pos = torch.tensor([j for p in prompts for j in range(len(p))], dtype=torch.long, device=device)
+    return ids, torch.tensor(cu, dtype=torch.int32, device=device), pos
+
+
+def prefill_feed(folder: ExportFolder, ids: Tensor, cu: Tensor, pos: Tensor) -> dict[str, Tensor]:
+    """The prefill graph's inputs other than the states for packed prompts (``pos``: each token's position)."""
+    feed = {"input_ids": ids, "cu_seqlens": cu}
+    if folder.has_positions:
+        feed["positions"] = pos
+    if folder.prefill_continues:
+        feed["pad_index"] = padded_view(cu, ids.device)
+    return feed
 
 
 def decode_states_after_prefill(folder: ExportFolder, out: dict, cu: Tensor, capacity: int) -> dict[str, Tensor]:
