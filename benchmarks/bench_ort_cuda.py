@@ -316,7 +316,7 @@ def main(argv=None) -> int:
                   f"{r['ort_held_bytes'] / 1e9:.2f} | {f(r.get('need_bytes', 0) / 1e9, '.2f')} | "
                   f"{f(r.get('tt_scores_bytes', 0) / 1e9, '.1f')} | {f(r.get('ours_s'), '.4f')} | "
                   f"{f(r.get('hf_s'), '.4f') if 'hf_s' in r else r.get('hf_error', '–')} | "
-                  f"{f(r.get('hf_peak_extra_bytes', 0) / 1e9, '.2f')} |")
+                  f"{f(r['hf_peak_extra_bytes'] / 1e9, '.2f') if 'hf_peak_extra_bytes' in r else '–'} |")
     md += ["", "| decode batch x prompt | runtime | ms per step |", "|---|---|---|"]
     md += [f"| {r['batch']} x {r.get('prompt', '')} | {r['runtime']} | "
            f"{f(r.get('ms_per_step'), '.3f') if 'ms_per_step' in r else r.get('error')} |" for r in rows["decode"]]

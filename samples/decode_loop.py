@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill a prompt longer than N tokens in pieces of at most N, each continuing from the "
                         "states the previous piece left: bounds the prefill's memory (its per-chunk GDN matrices and "
                         "attention scores grow with the tokens of one call) at the cost of more calls; the tokens "
-                        "equal one prefill's. Default: off (one prefill call). Hybrid folders whose prefill "
-                        "continues; not with the decode engine or --speculative")
+                        "equal one prefill's. Default: 4096 with --backend onnxruntime --device cuda (one call over "
+                        "32K tokens held 30 GB there, pieces of 4096 5.6 GB: docs/models.md), else off (one prefill "
+                        "call). Hybrid folders whose prefill continues; not with the decode engine or --speculative")
     p.add_argument("-q", "--quiet", action="store_true", help="only the results")
     return p
 
@@ -306,6 +307,9 @@ def use_engine(args, backend, say) -> bool:
     return True
 
 
+ORT_CUDA_PREFILL_CHUNK = 4096       # --prefill-chunk's default on onnxruntime's CUDA provider
+
+
 def run_chat(folder, backend, turns, texts, budgets, eos, sampling, codec, prefill_chunk=None) -> int:
     """--chat: the prompts are the turns of one conversation (gdn_deploy.runtime.conversation)."""
     from gdn_deploy.runtime.conversation import Conversation
@@ -350,6 +354,9 @@ def main_body(args) -> int:
         raise UsageError(f"--stop/--stream: {folder.path} has no tokenizer.json to make text; use --stop-id")
     prompts, texts = make_prompts(args, codec, folder)
     check_prompts(folder, prompts, budgets)
+    if args.prefill_chunk is None and args.backend == "onnxruntime" and str(args.device).startswith("cuda") \
+            and not args.speculative and folder.prefill_continues:
+        args.prefill_chunk = ORT_CUDA_PREFILL_CHUNK
     check_prefill_chunk(folder, args.prefill_chunk)
     eos = ([] if args.ignore_eos else list(folder.eos_token_ids)) + list(args.stop_id)
     say(f"{folder.path}: {folder.kind} model, backend {args.backend}, {len(prompts)} prompt(s) of "
