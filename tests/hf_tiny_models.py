@@ -165,3 +165,25 @@ def hf_torch_path(model):
     finally:
         for mod, name, fn in saved:
             setattr(mod, name, fn)
+
+
+_EXPORTS: dict = {}
+
+
+def exported_folder(family: str, tmp_path_factory, tag: str, **overrides):
+    """(ExportFolder of a tiny random ``family`` model exported with the default options, the generator that
+    built it, seeded by ``tag``), built once per (tag, family) in a test session; ``overrides`` go to
+    :func:`build`."""
+    key = (tag, family)
+    if key not in _EXPORTS:
+        from conftest import seed_for
+
+        from gdn_deploy.export.loading import load_targets
+        from gdn_deploy.export.model_export import ExportOptions, export_model
+        from gdn_deploy.runtime.folder import ExportFolder
+        gen = torch.Generator().manual_seed(seed_for(f"{tag}::{family}"))
+        root = tmp_path_factory.mktemp(f"{tag}_{family}")
+        save(build(family, gen, **overrides), root / "hf")
+        export_model(load_targets(str(root / "hf"))[0], root / "out", ExportOptions(verify=False))
+        _EXPORTS[key] = (ExportFolder(root / "out"), gen)
+    return _EXPORTS[key]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import rel_err, seed_for
+from conftest import rel_err
 
 pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
@@ -17,26 +17,14 @@ import hf_tiny_models as tiny  # noqa: E402
 
 from gdn_deploy.errors import UsageError  # noqa: E402
 from gdn_deploy.export.integrity import verify_folder  # noqa: E402
-from gdn_deploy.export.loading import load_targets  # noqa: E402
-from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
 from gdn_deploy.runtime.backends import OnnxRuntimeBackend, make_backend, onnxruntime_providers  # noqa: E402
 from gdn_deploy.runtime.conversation import prefill  # noqa: E402
-from gdn_deploy.runtime.folder import ExportFolder  # noqa: E402
 from gdn_deploy.runtime.generation import generate, state_holder  # noqa: E402
 from gdn_deploy.runtime.ort_attention import TOTAL_INPUT, default_form, host_total  # noqa: E402
 from gdn_deploy.runtime.ort_binding import BoundStates  # noqa: E402
 
-_CACHE: dict = {}
-
-
 def _folder(family, tmp_path_factory):
-    if family not in _CACHE:
-        gen = torch.Generator().manual_seed(seed_for(f"ort_attention::{family}"))
-        root = tmp_path_factory.mktemp(f"attn_{family}")
-        tiny.save(tiny.build(family, gen), root / "hf")
-        export_model(load_targets(str(root / "hf"))[0], root / "out", ExportOptions(verify=False))
-        _CACHE[family] = (ExportFolder(root / "out"), gen)
-    return _CACHE[family]
+    return tiny.exported_folder(family, tmp_path_factory, "ort_attention")
 
 
 def _backends(folder, bind=True):

@@ -8,31 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import rel_err, seed_for
+from conftest import rel_err
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 import hf_tiny_models as tiny  # noqa: E402
 
-from gdn_deploy.export.loading import load_targets  # noqa: E402
-from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
 from gdn_deploy.runtime.backends import make_backend  # noqa: E402
-from gdn_deploy.runtime.folder import ExportFolder  # noqa: E402
 from gdn_deploy.runtime.generation import fresh_prefill_feed, generate, pack_prompts, state_holder  # noqa: E402
 from gdn_deploy.runtime.ort_binding import GQA_OP, BoundStates, bound_states_for, in_place_caches  # noqa: E402
 
 FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_vl", "qwen3_5_moe", "olmo_hybrid"]
-_CACHE: dict = {}
-
-
 def _folder(family, tmp_path_factory):
-    if family not in _CACHE:
-        gen = torch.Generator().manual_seed(seed_for(f"ort_binding::{family}"))
-        root = tmp_path_factory.mktemp(f"bind_{family}")
-        tiny.save(tiny.build(family, gen), root / "hf")
-        export_model(load_targets(str(root / "hf"))[0], root / "out", ExportOptions(verify=False))
-        _CACHE[family] = (ExportFolder(root / "out"), gen)
-    return _CACHE[family]
+    return tiny.exported_folder(family, tmp_path_factory, "ort_binding")
 
 
 def _backends(folder, gqa=True):

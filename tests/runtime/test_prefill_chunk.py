@@ -10,15 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import rel_err, seed_for
+from conftest import rel_err
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 import hf_tiny_models as tiny  # noqa: E402
 
 from gdn_deploy.errors import ExitCode, UsageError  # noqa: E402
-from gdn_deploy.export.loading import load_targets  # noqa: E402
-from gdn_deploy.export.model_export import ExportOptions, export_model  # noqa: E402
 from gdn_deploy.runtime import chunked_prefill  # noqa: E402
 from gdn_deploy.runtime.backends import make_backend  # noqa: E402
 from gdn_deploy.runtime.chunked_prefill import row_groups  # noqa: E402
@@ -30,18 +28,11 @@ from gdn_deploy.spec import SPEC  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 LENS = (1, 5, 17, 40)
 TOL = SPEC.check_tolerance("float32")
-_CACHE: dict = {}
 
 
 def _folder(tmp_path_factory):
     """A tiny Qwen3.5 hybrid export (GroupQueryAttention in its onnxruntime graphs), once per session."""
-    if "f" not in _CACHE:
-        gen = torch.Generator().manual_seed(seed_for("prefill_chunk"))
-        root = tmp_path_factory.mktemp("prefill_chunk")
-        tiny.save(tiny.build("qwen3_5", gen, **tiny.EPS_CONDITIONED), root / "hf")
-        export_model(load_targets(str(root / "hf"))[0], root / "out", ExportOptions(verify=False))
-        _CACHE["f"] = (ExportFolder(root / "out"), gen)
-    return _CACHE["f"]
+    return tiny.exported_folder("qwen3_5", tmp_path_factory, "prefill_chunk", **tiny.EPS_CONDITIONED)
 
 
 def _spy(monkeypatch):
