@@ -141,6 +141,19 @@ def save(model, path) -> None:
     model.save_pretrained(str(path))
 
 
+def build_saved(family: str, gen: torch.Generator, path, gpu: bool = False, **overrides):
+    """:func:`build` then :func:`save` to ``path``; the test skips (with the reason) when this transformers cannot
+    build the family."""
+    import pytest
+    import transformers
+    try:
+        model = build(family, gen, gpu=gpu, **overrides)
+    except (TypeError, ValueError, AttributeError) as e:
+        pytest.skip(f"transformers {transformers.__version__} cannot build a tiny {family}: {e}")
+    save(model, path)
+    return model
+
+
 _KERNEL_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "chunk_gated_delta_rule",
                      "fused_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update")
 

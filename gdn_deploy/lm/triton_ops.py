@@ -14,17 +14,19 @@ Every kernel rounds where the eager module rounds (to the model dtype after the 
 residual add, after SiLU) and accumulates in float32, so results agree with the eager ops to float32 rounding.
 They run only on CUDA tensors of float32 / float16 / bfloat16 (:func:`usable`); callers keep the eager ops
 otherwise (CPU, float64 reference runs, export tracing, torch.compile), and everywhere when the environment holds
-``GDN_TRITON_GLUE=0`` at import (or :data:`ENABLED` is set False: tests and benchmarks compare both ways).
+``GDN_TRITON_GLUE=0`` at import (or :data:`ENABLED` is set False, e.g. inside :func:`disabled`: tests and
+benchmarks compare both ways).
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["usable", "rms_norm", "silu_mul", "conv_step_", "varlen_conv", "rope", "NORM_KIND_CODES"]
+__all__ = ["usable", "disabled", "rms_norm", "silu_mul", "conv_step_", "varlen_conv", "rope", "NORM_KIND_CODES"]
 
 try:  # pragma: no cover - triton is a CUDA-only dependency
     import triton
@@ -36,6 +38,17 @@ NORM_KIND_CODES = {"scale": 0, "zero_centered": 1, "scale_fp32": 2}
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 ENABLED = os.environ.get("GDN_TRITON_GLUE", "1") != "0"
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The eager torch ops instead of these kernels inside the block (:data:`ENABLED` restored after it)."""
+    global ENABLED
+    before, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = before
 
 
 def usable(*tensors: Tensor) -> bool:

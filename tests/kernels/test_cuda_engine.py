@@ -14,7 +14,7 @@ import torch
 
 from conftest import rel_err
 
-transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[test])")
+pytest.importorskip("transformers", reason="needs transformers (pip install -e .[test])")
 import hf_tiny_models as tiny  # noqa: E402
 
 from gdn_deploy.lm import triton_ops  # noqa: E402
@@ -49,36 +49,22 @@ def test_triton_decode_attention_matches_torch(gen, dtype, H, Hkv, D, splits):
 
 
 def _models(family, gen, tmp_path):
-    try:
-        hf = tiny.build(family, gen, gpu=True)
-    except (TypeError, ValueError, AttributeError) as e:
-        pytest.skip(f"transformers {transformers.__version__} cannot build a tiny {family}: {e}")
-    tiny.save(hf, tmp_path)
+    hf = tiny.build_saved(family, gen, tmp_path, gpu=True)
     return hf, load_hf_causal_lm(tmp_path).to("cuda")
-
-
-class _TorchGlue:
-    """The eager torch ops instead of the Triton glue kernels inside the block."""
-
-    def __enter__(self):
-        triton_ops.ENABLED = False
-
-    def __exit__(self, *exc):
-        triton_ops.ENABLED = True
 
 
 class _Eager:
     """A DecodeEngine run with the Triton glue off at every call (the reference)."""
 
     def __init__(self, *a, **kw):
-        with _TorchGlue():
+        with triton_ops.disabled():
             self.engine = DecodeEngine(*a, **kw)
 
     def __getattr__(self, name):
         fn = getattr(self.engine, name)
 
         def call(*a, **kw):
-            with _TorchGlue():
+            with triton_ops.disabled():
                 return fn(*a, **kw)
         return call
 
