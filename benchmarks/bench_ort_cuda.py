@@ -3,7 +3,8 @@ the states bound on the GPU (IOBinding), beside HF + FLA and our PyTorch model o
 
   python benchmarks/bench_ort_cuda.py [--config mid] [--precision fp16] [--prefill-lens 1024,8192,32768]
                                       [--decode-batches 1,8] [--decode-prompt 1024] [--new 32] [--repeats 2]
-                                      [--profile-len 8192] [--out DIR]
+                                      [--profile-len 8192] [--prefill-chunk 4096[,1024...]]
+                                      [--arena next_power_of_two|same_as_requested] [--out DIR]
 
 A random Hugging Face Qwen3.5 of bench_generate.py's ``--config`` (``mid``: Qwen3.5-0.8B shapes with 4 layers,
 3 GDN + 1 attention, 32K vocabulary) is built, exported with ``--precision`` (fp16 default: onnxruntime's CUDA
@@ -11,9 +12,10 @@ GroupQueryAttention takes fp16/bf16) and a KV capacity for the longest prompt, a
 onnxruntime backend on ``CUDAExecutionProvider`` (its session settings: TF32 off, ConstantFolding off):
 
 - prefill: one sequence of each ``--prefill-lens`` length, seconds of the prefill call (median of ``--repeats``
-  after a warm-up at that length) and the GPU memory the process holds after it (``cudaMemGetInfo``: onnxruntime's
-  arena keeps its peak), beside the bytes the weights + that sequence's states need and what ``[T, T]`` fp32 scores
-  of all attention heads would take (the old graphs' form);
+  after a warm-up at that length), the GPU memory the process holds once the sessions are created and after the
+  calls (``cudaMemGetInfo``: onnxruntime's arena keeps its peak; ``--arena``: its growth strategy), beside the bytes
+  the weights + that sequence's states need and what ``[T, T]`` fp32 scores of all attention heads would take (the
+  old graphs' form); prompts longer than a ``--prefill-chunk`` size also fed in pieces of that size;
 - decode: ``--decode-batches`` prompts of ``--decode-prompt`` tokens, ``--new`` tokens each, ms per step with the
   states bound in place on the GPU (runtime/ort_binding.py) and with tensors in and out through the host;
 - HF + FLA (bf16) and our PyTorch model on the gdn CUDA kernels (bf16) at the same prefill lengths and decode batches;
@@ -42,6 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+ARENA = {"next_power_of_two": "kNextPowerOfTwo", "same_as_requested": "kSameAsRequested"}
+
+
+class _ARGS:      # the options _ort_backend reads (set by main)
+    arena = "next_power_of_two"
 
 
 def _gpu_used() -> int:
@@ -61,7 +68,9 @@ def _sync_time(fn):
 
 def _ort_backend(folder, bind_states=True, profile=False, form=None):
     from gdn_deploy.runtime.backends import OnnxRuntimeBackend
-    be = OnnxRuntimeBackend(folder, providers=PROVIDERS, bind_states=bind_states, attention_form=form)
+    provs = [(p, {"arena_extend_strategy": ARENA[_ARGS.arena]}) if p == "CUDAExecutionProvider" else p
+             for p in PROVIDERS]
+    be = OnnxRuntimeBackend(folder, providers=provs, bind_states=bind_states, attention_form=form)
     if profile:
         be.options.enable_profiling = True
         be.sessions.pop("prefill")
@@ -114,9 +123,11 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile-len", type=int, default=8192, help="0: no onnxruntime profile")
-    ap.add_argument("--prefill-chunk", type=int, default=4096,
-                    help="also time each prompt longer than this fed in continued pieces of this many tokens "
-                         "(generate's prefill_chunk; 0: one call only)")
+    ap.add_argument("--prefill-chunk", default="4096",
+                    help="comma list: also time each prompt longer than a size fed in continued pieces of that many "
+                         "tokens (generate's prefill_chunk; 0: one call only)")
+    ap.add_argument("--arena", default="next_power_of_two", choices=sorted(ARENA),
+                    help="the CUDA provider's arena_extend_strategy (onnxruntime's default: next_power_of_two)")
     ap.add_argument("--form-check", type=int, default=1,
                     help="1: also run the first length with the attention forms the CUDA provider does not use by "
                          "default (runtime/ort_attention.py: exported, expanded) and report their logits' error")
@@ -124,6 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke run of this script on onnxruntime's CPU provider (no torch/HF rows)")
     args = ap.parse_args(argv)
+    _ARGS.arena = args.arena
     if args.device == "cpu":
         PROVIDERS[:] = ["CPUExecutionProvider"]
     lens = [int(x) for x in args.prefill_lens.split(",") if x]
@@ -173,12 +185,13 @@ def main(argv=None) -> int:
     # every (length, prefill form) on a fresh backend: onnxruntime's arena keeps its peak, so the memory held after
     # a call is that call's peak only when nothing bigger ran in the same sessions before it
     first_logits = None
-    chunk = args.prefill_chunk or None
+    chunks = [int(x) for x in args.prefill_chunk.split(",") if x and int(x) > 0]
     for L in lens:
-        for c in ([None] + ([chunk] if chunk and L > chunk else [])):
+        for c in [None] + [c for c in chunks if L > c]:
             base = _gpu_used()
             try:
                 be = _ort_backend(folder)
+                session_bytes = _gpu_used() - base
                 kw = {"prefill_chunk": c} if c else {}
                 generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)          # warm-up at this length
                 ts = []
@@ -188,6 +201,7 @@ def main(argv=None) -> int:
                 if first_logits is None:
                     first_logits = r.prefill_logits[0].double()
                 row = dict(tokens=L, chunk=c, ort_s=statistics.median(ts), ort_held_bytes=_gpu_used() - base,
+                           ort_session_bytes=session_bytes,
                            need_bytes=weights + state_bytes(ours16, L + 1),
                            tt_scores_bytes=4 * L * L * max(a.self_attn.num_heads for a in ours16.layers
                                                             if a.layer_type != "linear_attention"))
@@ -304,16 +318,18 @@ def main(argv=None) -> int:
               if f"ort_{form}_logits_rel_err_vs_hf_fp32" in e else
               (f"; {form} form: {e[f'{form}_error']}" if f"{form}_error" in e else "")
               for form in ("exported", "expanded")), "",
-          "| prefill tokens | fed as | onnxruntime CUDA s | GPU memory held (GB) | weights + states (GB) | [T, T] fp32 scores "
-          "of all heads (GB) | ours (PyTorch + gdn kernels, bf16) s | HF + FLA (bf16) s | HF peak "
-          "activations (GB) |", "|---|---|---|---|---|---|---|---|---|"]
+          f"onnxruntime CUDA arena: {args.arena}", "",
+          "| prefill tokens | fed as | onnxruntime CUDA s | GPU memory held: sessions / after (GB) | weights + "
+          "states (GB) | [T, T] fp32 scores of all heads (GB) | ours (PyTorch + gdn kernels, bf16) s | HF + FLA "
+          "(bf16) s | HF peak activations (GB) |", "|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "–"
     for r in rows["prefill"]:
         md.append(f"| {r['tokens']} | {'one call' if not r.get('chunk') else 'pieces of ' + str(r['chunk'])} | "
                   f"{f(r.get('ort_s'), '.3f') if 'ort_s' in r else r.get('ort_error')} | "
-                  f"{r['ort_held_bytes'] / 1e9:.2f} | {f(r.get('need_bytes', 0) / 1e9, '.2f')} | "
+                  f"{f(r.get('ort_session_bytes', float('nan')) / 1e9, '.2f')} / {r['ort_held_bytes'] / 1e9:.2f} | "
+                  f"{f(r.get('need_bytes', 0) / 1e9, '.2f')} | "
                   f"{f(r.get('tt_scores_bytes', 0) / 1e9, '.1f')} | {f(r.get('ours_s'), '.4f')} | "
                   f"{f(r.get('hf_s'), '.4f') if 'hf_s' in r else r.get('hf_error', '–')} | "
                   f"{f(r['hf_peak_extra_bytes'] / 1e9, '.2f') if 'hf_peak_extra_bytes' in r else '–'} |")

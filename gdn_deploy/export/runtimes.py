@@ -55,13 +55,15 @@ def from_numpy(a: Any) -> Tensor:
 
 
 def session_settings(providers: Sequence[str]) -> dict[str, Any]:
-    """``InferenceSession`` keyword arguments for ``providers`` (names): with the CUDA provider, its options and the
-    optimisers our files need off there (see CUDA_DISABLED_OPTIMIZERS); nothing extra otherwise."""
+    """``InferenceSession`` keyword arguments for ``providers`` (names, or (name, options) pairs): with the CUDA
+    provider, its options (CUDA_PROVIDER_OPTIONS under the caller's, e.g. ``("CUDAExecutionProvider",
+    {"arena_extend_strategy": "kSameAsRequested"})``) and the optimisers our files need off there (see
+    CUDA_DISABLED_OPTIMIZERS); nothing extra otherwise."""
     names = [p if isinstance(p, str) else p[0] for p in providers]
     if "CUDAExecutionProvider" not in names:
         return {"providers": list(providers)}
-    provs = [("CUDAExecutionProvider", dict(CUDA_PROVIDER_OPTIONS)) if p == "CUDAExecutionProvider" else p
-             for p in providers]
+    provs = [("CUDAExecutionProvider", {**CUDA_PROVIDER_OPTIONS, **(dict(p[1]) if not isinstance(p, str) else {})})
+             if n == "CUDAExecutionProvider" else p for n, p in zip(names, providers)]
     return {"providers": provs, "disabled_optimizers": list(CUDA_DISABLED_OPTIMIZERS)}
 
 

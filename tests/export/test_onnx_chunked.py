@@ -255,6 +255,13 @@ def test_cuda_sessions_get_the_settings_our_files_need():
     kw = session_settings(["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert kw["providers"] == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
     assert kw["disabled_optimizers"] == ["ConstantFolding"]
+    # a caller's CUDA options go over ours (here the arena strategy); ours stay where the caller says nothing
+    kw = session_settings([("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"}),
+                           "CPUExecutionProvider"])
+    assert kw["providers"] == [("CUDAExecutionProvider", {"use_tf32": "0", "arena_extend_strategy":
+                                                          "kSameAsRequested"}), "CPUExecutionProvider"]
+    assert session_settings([("CUDAExecutionProvider", {"use_tf32": "1"})])["providers"] == \
+        [("CUDAExecutionProvider", {"use_tf32": "1"})]
     # what the CPU build of onnxruntime does with those arguments: it runs, on the CPU (no silent failure)
     model, feeds = single_node_model(PREFILL, dict(gate_mode=0, use_qk_l2norm=0),
                                      cast_inputs(make_prefill_inputs(torch.Generator().manual_seed(0), [70, 0, 5]),
