@@ -209,7 +209,11 @@ def _flashinfer():
             log(f"[flashinfer] skipped: GPU is SM{''.join(map(str, torch.cuda.get_device_capability()))}, not SM90")
             return None
         import flashinfer
+        from flashinfer import gdn_kernels
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
+        if gdn_kernels.chunk_gated_delta_rule_sm90 is None:  # flashinfer hides the reason: import it again to see it
+            import flashinfer.gdn_kernels.delta_rule_dsl  # noqa: F401
+            raise RuntimeError("flashinfer's SM90 prefill kernel did not import")
         log(f"[flashinfer] {flashinfer.__version__} from {os.path.dirname(flashinfer.__file__)}")
         return chunk_gated_delta_rule
     except Exception as e:  # noqa: BLE001
