@@ -23,7 +23,10 @@ bf16 matmul TFLOP/s on random data), then:
   with host sync would credit us with FLA's host overhead. Also reported: ms_sync (CUDA events around
   each call on an idle GPU, host launch latency included; the earlier method) and, for ours, ms_graph
   (one CUDA-graph replay), which should agree with ms.
-Every case also compares our output with FLA's (rel err) to show the same function is timed.
+- FlashInfer (optional peer, SM90 only, --no-flashinfer to skip): flashinfer.gdn_prefill.chunk_gated_delta_rule
+  (CuTe-DSL Hopper kernel) on the same prefill inputs (alpha = exp(g), [N, H, V, K] states), timed like FLA after one
+  compiling call; rows get speedup_vs_flashinfer. Absent or failing: one log line, the run goes on.
+Every case also compares our output with FLA's and FlashInfer's (rel err) to show the same function is timed.
 Results: CSV + JSON in --out (default $OUT if set, else results/).
 """
 from __future__ import annotations
@@ -197,6 +200,25 @@ def _fla():
     except Exception as e:  # noqa: BLE001
         log(f"[fla] unavailable: {type(e).__name__}: {e}")
         return None, None
+
+
+def _flashinfer():
+    """FlashInfer's chunked GDN prefill (SM90 CuTe-DSL kernel) when importable on an SM90 GPU, else None."""
+    try:
+        if torch.cuda.get_device_capability()[0] != 9:
+            log(f"[flashinfer] skipped: GPU is SM{''.join(map(str, torch.cuda.get_device_capability()))}, not SM90")
+            return None
+        import flashinfer
+        from flashinfer import gdn_kernels
+        from flashinfer.gdn_prefill import chunk_gated_delta_rule
+        if gdn_kernels.chunk_gated_delta_rule_sm90 is None:  # flashinfer hides the reason: import it again to see it
+            import flashinfer.gdn_kernels.delta_rule_dsl  # noqa: F401
+            raise RuntimeError("flashinfer's SM90 prefill kernel did not import")
+        log(f"[flashinfer] {flashinfer.__version__} from {os.path.dirname(flashinfer.__file__)}")
+        return chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001
+        log(f"[flashinfer] unavailable: {type(e).__name__}: {e}")
+        return None
 
 
 def _l2n(x):
@@ -415,7 +437,8 @@ def _prev_scan(kernels, N, Hv, K, V) -> str:
     return "wgmma_beside" if 2 * N * Hv * (V // 64) <= sms else "wgmma"
 
 
-def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str = "", cp_segments=(4, 8, 16)):
+def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str = "", cp_segments=(4, 8, 16),
+                  fi_chunk=None):
     cases = [("qwen3next 1x4K", [4096]), ("qwen3next 1x16K", [16384]), ("qwen3next 16x1K", [1024] * 16),
              ("qwen3next ragged", [1, 63, 64, 65, 1000, 3000, 17, 2048, 129, 4096])]
     if not quick:
@@ -481,6 +504,27 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
                     log(f"  [{name}] ours vs FLA: o {rel_err(o_ours, fo[0]):.2e} state {rel_err(s_ours, fsf):.2e}")
             except Exception as e:  # noqa: BLE001
                 log(f"  [{name}] FLA failed: {type(e).__name__}: {e}")
+        if fi_chunk is not None:
+            # FlashInfer: same q/k/v/cu (GVA: Hv > Hk), fp32 beta, its native linear decay alpha = exp(g) made
+            # outside the timed call (gate_domain="log" would add an exp per call); its states are [N, H, V, K]
+            # (ours [N, H, K, V]); L2 norm eps 1e-6 and default scale 1/sqrt(K), as ours.
+            alpha, h0_vk, fi_o = g.exp(), h0.transpose(-1, -2).contiguous(), torch.empty_like(v)
+            fi_s = torch.empty_like(h0_vk)
+
+            def flashinfer():
+                return fi_chunk(q, k, v, alpha, beta, initial_state=h0_vk, output_final_state=True, cu_seqlens=cu,
+                                use_qk_l2norm_in_kernel=True, output=fi_o, output_state=fi_s)
+            try:
+                flashinfer()  # compiles the CuTe-DSL kernel on first use
+                torch.cuda.synchronize()
+                if o_ours is not None:
+                    log(f"  [{name}] ours vs FlashInfer: o {rel_err(o_ours, fi_o):.2e} "
+                        f"state {rel_err(s_ours, fi_s.transpose(-1, -2)):.2e}")
+                res["flashinfer"] = gpu_busy_ms(flashinfer)
+                sync["flashinfer"] = time_events(flashinfer, reps=10)
+            except Exception as e:  # noqa: BLE001
+                log(f"  [{name}] FlashInfer failed: {type(e).__name__}: {e}")
+            del alpha, h0_vk, fi_o, fi_s
         nbytes, flops = prefill_bytes(T, N, Hk, Hv, K, V), prefill_flops(T, Hv, K, V)
         bw_floor = nbytes / (ceil["copy_GBps"] * 1e9) * 1e3
         mm_floor = flops / (ceil["matmul_bf16_TFLOPs"] * 1e12) * 1e3
@@ -496,6 +540,8 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
                 row["speedup_vs_fla"] = res["fla"] / ms
                 if impl in sync and "fla" in sync:
                     row["speedup_vs_fla_sync"] = sync["fla"] / sync[impl]
+            if "flashinfer" in res:
+                row["speedup_vs_flashinfer"] = res["flashinfer"] / ms
             ROWS.append(row)
         log(f"[prefill {name}] T={T} floor bw {bw_floor:.3f}ms tensor {mm_floor:.3f}ms  GPU time " +
             "  ".join(f"{i}={ms:.3f}ms" for i, ms in res.items()) + "  | per call with sync " +
@@ -528,6 +574,7 @@ def summary():
         elif r["section"] == "prefill":
             log(f"prefill {r['case']:<22} {r['impl']:<10} {r['ms']:8.3f} ms GPU  bw-floor {r['frac_bw_floor']:.2f} "
                 f"tensor {r['frac_tensor']:.2f}" + (f"  x{r['speedup_vs_fla']:.2f} vs FLA" if "speedup_vs_fla" in r else "")
+                + (f"  x{r['speedup_vs_flashinfer']:.2f} vs FlashInfer" if "speedup_vs_flashinfer" in r else "")
                 + (f"  | with sync {r['ms_sync']:.3f} ms" if "ms_sync" in r else "")
                 + (f" x{r['speedup_vs_fla_sync']:.2f}" if "speedup_vs_fla_sync" in r else ""))
 
@@ -539,6 +586,7 @@ def main(argv=None):
     ap.add_argument("--sections", default="ceilings,decode,prefill")
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's chunked prefill (SM90 only)")
     ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list)")
     ap.add_argument("--cp-segments", default="4,8,16",
                     help="forced context-parallel segment counts (shard cases; 0: none)")
@@ -555,6 +603,8 @@ def main(argv=None):
     fla_chunk, fla_rec = (None, None) if a.no_fla else _fla()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, time=time.strftime("%F %T"),
                 has_prefill=bool(kernels and kernels.HAS_PREFILL), fla=fla_rec is not None)
+    fi_chunk = None if a.no_flashinfer or "prefill" not in a.sections.split(",") else _flashinfer()
+    meta["flashinfer"] = fi_chunk is not None
     log(f"[meta] {meta}")
     sections = a.sections.split(",")
     ceil = ceilings(a.quick)
@@ -566,7 +616,7 @@ def main(argv=None):
             bench_verify(ceil, a.quick, kernels)
         if "prefill" in sections:
             bench_prefill(ceil, a.quick, kernels, fla_chunk, a.cases,
-                          tuple(int(x) for x in a.cp_segments.split(",") if x and int(x) > 0))
+                          tuple(int(x) for x in a.cp_segments.split(",") if x and int(x) > 0), fi_chunk)
     finally:
         write(Path(a.out), meta)
         summary()
