@@ -16,7 +16,11 @@ h // (Hv/Hk)), then the delta-rule recurrence. Two prefill bodies (``body``):
 - ``"chunked"`` (default): chunks of 64 tokens, batched MatMuls over lanes of sequences and heads,
   one Scan step per chunk position (:mod:`.onnx_chunked`; the math of the CUDA kernels);
 - ``"token"``: the plainest statement of the recurrence, a Loop over sequences, an If (length 0
-  keeps the state) around a Scan over the tokens; slow, kept as a cross-check.
+  keeps the state) around a Scan over the tokens; slow, kept as a cross-check;
+- ``"linear_attention"`` (not an export choice: what onnxruntime's CUDA provider loads, runtime/ort_attention.py):
+  the input stage above, then the packed rows gathered into a padded per-sequence view [N, Lmax, Hv*D] in the
+  activations' dtype, padding rows with g = 0 and beta = 0 (the identity on the state), one
+  ``com.microsoft::LinearAttention`` (gated_delta) from the initial states, and the valid rows gathered back.
 
 Decode: one vectorised step, no loop. Two decode bodies (``decode_body``) for the dense state:
 
@@ -45,11 +49,12 @@ from .onnx_graph import FLOAT, GraphBuilder, prepare_inputs, repeat_heads, value
 
 __all__ = ["add_function_bodies", "overload_name", "make_function", "node_attrs", "function_body", "MIN_OPSET",
            "BODIES", "DEFAULT_BODY", "BODY_METADATA_KEY", "DECODE_BODIES", "DECODE_BODY_METADATA_KEY",
-           "default_decode_body", "decode_function_body", "onnxruntime_has_linear_attention"]
+           "default_decode_body", "decode_function_body", "onnxruntime_has_linear_attention", "LA_BODY"]
 
 MIN_OPSET = 18          # ReduceSum/Unsqueeze/Squeeze with axes inputs, Shape start/end, CastLike
-BODIES = ("chunked", "token")
+BODIES = ("chunked", "token")           # the export choices
 DEFAULT_BODY = "chunked"
+LA_BODY = "linear_attention"            # prefill on com.microsoft::LinearAttention (needs Hv static)
 DECODE_BODIES = ("linear_attention", "ops")
 LA_DOMAIN, LA_VERSION = "com.microsoft", 1
 _INT_ATTRS = ("gate_mode", "use_qk_l2norm", "state_mode")
@@ -178,6 +183,54 @@ def _la_decode_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any],
     return b("Reshape", o, b("Shape", v), hint="o_t"), b("Reshape", s_new, b("Shape", state), hint="S_new")
 
 
+def _la_prefill_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any], heads: int) -> tuple[str, str]:
+    """Packed varlen prefill through ``com.microsoft::LinearAttention`` for ``heads`` = Hv value heads: rows
+    [T, H, D] gathered into [N, Lmax, H*D] (sequence n's row j: token cu[n] + j; past its length a copy of a
+    clamped real row with g = 0 and beta = 0, which leave the state as it is), q, k, v, g, beta in v's dtype (the
+    op's activation type; float16 selects onnxruntime's chunked CUDA kernel), the states too (in and out of the
+    op only: a float16 export's states are rounded to float16 once per call); the rows of
+    the valid positions, in row-major order, are the packed tokens again (float32 out, cast to the I/O dtype by
+    the caller). T = 0 keeps the states (an If)."""
+    q, k, v, g, beta = prepare_inputs(b, ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"],
+                                      ins.get("A_log"), ins.get("dt_bias"), attrs)
+    q, k = repeat_heads(b, q, v), repeat_heads(b, k, v)
+    cu = b("Cast", ins["cu_seqlens"], to=TensorProto.INT64, hint="cu64")
+    h0 = b("Cast", ins["initial_state"], to=FLOAT, hint="h0")
+    w = b.sub()
+    zero, one, axis0 = w.ints(0), w.ints(1), w.ints(0)
+    n1 = w("Shape", cu)
+    starts = w("Slice", cu, zero, w("Sub", n1, one), axis0, hint="starts")              # [N]
+    lens = w("Sub", w("Slice", cu, one, n1, axis0), starts, hint="lens")                 # [N]
+    lmax = w("ReduceMax", lens, keepdims=1, hint="lmax")                                 # [1]
+    j = w("Range", w.scalar_i64(0), w("Squeeze", lmax, axis0), w.scalar_i64(1), hint="j")  # [Lmax]
+    jr, col = w("Unsqueeze", j, axis0), w.ints(-1)
+    valid = w("Less", jr, w("Unsqueeze", lens, col), hint="valid")                       # [N, Lmax]
+    rows = w("Shape", v, start=0, end=1)
+    last = w("Sub", rows, one)
+    idx = w("Min", w("Max", w("Add", w("Unsqueeze", starts, col), jr), zero), last, hint="pad_rows")  # in bounds
+    flat = w.ints(0, 0, -1)
+    gathered = [w("Reshape", w("Gather", w("CastLike", x, ins["v"]), idx, axis=0), flat, allowzero=0)
+                for x in (q, k, v)]                                                      # [N, Lmax, Hv*D]
+    zf = w("CastLike", w.scalar_f(0.0), ins["v"])
+    vmask = w("Unsqueeze", valid, col)
+    gb = [w("Where", vmask, w("Gather", w("CastLike", x, ins["v"]), idx, axis=0), zf) for x in (g, beta)]
+    # the state crosses the op in the activations' dtype: onnxruntime-gpu 1.31's type inference gives
+    # present_state the activations' type (a float32 state beside float16 activations fails to load)
+    o, s_fin = w("LinearAttention", *gathered, w("CastLike", h0, ins["v"]), *gb, n_out=2, domain=LA_DOMAIN,
+                 update_rule="gated_delta", scale=1.0, q_num_heads=heads, kv_num_heads=heads)  # q carries the scale
+    s_fin = w("Cast", s_fin, to=FLOAT, hint="final_la")
+    o_rows = w("Reshape", o, w("Concat", w.ints(-1), w("Shape", o, start=2, end=3), axis=0), hint="o_rows")
+    pos = w("Transpose", w("NonZero", valid), perm=[1, 0], hint="valid_pos")            # [T, 2], row-major
+    o_pos = w("Add", w("Mul", w("Gather", pos, zero, axis=1), lmax), w("Gather", pos, one, axis=1))
+    o_t = w("Cast", w("Reshape", w("Gather", o_rows, w("Squeeze", o_pos, col), axis=0), w("Shape", v)), to=FLOAT,
+            hint="o_la")
+    none = b.sub()
+    o_e, s_e = none("Identity", v, hint="o_no_tokens"), none("Identity", h0, hint="states_kept")
+    return b("If", b("Greater", b("Size", v), b.scalar_i64(0)), n_out=2,
+             then_branch=helper.make_graph(w.nodes, "gdn_la_prefill", [], [value_info(o_t, 3), value_info(s_fin, 4)]),
+             else_branch=helper.make_graph(none.nodes, "gdn_no_tokens", [], [value_info(o_e, 3), value_info(s_e, 4)]))
+
+
 def _decode_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any]) -> tuple[str, str]:
     qe, ke, vf, eg, bt = _prepare(b, ins, attrs)
     state = b("Cast", ins["state"], to=FLOAT, hint="state_f")
@@ -198,8 +251,8 @@ def _decode_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any]) ->
 
 
 def _check_body(body: str) -> None:
-    if body not in BODIES:
-        raise ValueError(f"body: expected one of {', '.join(BODIES)}, got {body!r}")
+    if body not in BODIES + (LA_BODY,):
+        raise ValueError(f"body: expected one of {', '.join(BODIES + (LA_BODY,))}, got {body!r}")
 
 
 def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEFAULT_BODY,
@@ -220,6 +273,11 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEF
     if op.name in (VERIFY.name, COMMIT.name):
         what = "padded-scan verify body" if op.name == VERIFY.name else "padded-scan commit body"
         outs = (verify_body if op.name == VERIFY.name else commit_body)(b, ins, attrs)
+    elif op.name == PREFILL.name and body == LA_BODY:
+        if not la_heads:
+            raise ValueError(f"the {LA_BODY} prefill body needs the value heads static (la_heads), got {la_heads}")
+        outs = list(_la_prefill_body(b, ins, attrs, int(la_heads)))
+        what = "varlen prefill body on com.microsoft::LinearAttention"
     elif la_heads is not None:
         if op.name == PREFILL.name or int(attrs["state_mode"]) == STATE_POOL:
             raise ValueError(f"la_heads: the LinearAttention body is for the dense-state decode, not {op.name} "
@@ -312,6 +370,11 @@ def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY,
             raise ValueError(f"{SPEC.domain}::{node.op_type} node {node.name!r}: has inputs {list(node.input)}, "
                              f"expected {len(expected)} ({', '.join(expected)}) for attributes {attrs}")
         la_heads = None
+        if op.name == PREFILL.name and body == LA_BODY:
+            la_heads = _static_heads(model, node, expected.index("initial_state"))
+            if not la_heads:
+                raise ValueError(f"{SPEC.domain}::{node.op_type} node {node.name!r}: the {LA_BODY} prefill body "
+                                 "needs the value heads static (the initial state's dim 1)")
         if op.name == DECODE.name and int(attrs["state_mode"]) != STATE_POOL:
             dense_decode = True
             if decode_body == "linear_attention":

@@ -67,9 +67,11 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
 
     def __init__(self, folder: ExportFolder, providers=("CPUExecutionProvider",), threads: int | None = None,
-                 bind_states: bool = True, attention_form: str | None = None):
+                 bind_states: bool = True, attention_form: str | None = None, prefill_body: str | None = None):
         """``attention_form``: the form every graph's GroupQueryAttention loads in (:mod:`.ort_attention`:
-        "exported", "host_total", "expanded"); default: as exported, rewritten on the CUDA provider."""
+        "exported", "host_total", "expanded"); default: as exported, rewritten on the CUDA provider.
+        ``prefill_body``: the gdn prefill body ("exported", "linear_attention"); default: linear_attention on the
+        CUDA provider (:func:`.ort_attention.default_prefill_body`)."""
         import onnxruntime as ort
 
         # onnxruntime's CPU provider has no bf16 arithmetic kernels: bf16 graphs run with float32 arithmetic there
@@ -79,8 +81,9 @@ class OnnxRuntimeBackend:
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.folder, self.providers, self.options, self.bf16_cpu = folder, providers, opts, bf16_cpu
-        self.attention_form = attention_form
+        self.attention_form, self.prefill_body = attention_form, prefill_body
         self.forms: dict[str, str] = {}           # graph -> the attention form its session was loaded in
+        self.prefill_bodies: dict[str, str] = {}  # graph -> the gdn prefill body its session was loaded with
         self.sessions = {}
         for g in ("prefill", "decode"):
             self._open(g)
@@ -93,16 +96,19 @@ class OnnxRuntimeBackend:
 
     def _open(self, g: str):
         """The session of graph ``g`` (prefill and decode at start; others, e.g. verify, on first use)."""
-        from .ort_attention import default_form, graph_session
+        from .ort_attention import default_form, default_prefill_body, graph_session
         if g not in self.sessions:
             path = self.folder.graph_file(g)
             try:
                 if self.bf16_cpu:
                     from ..export.bf16_cpu import cpu_session
                     self.sessions[g], self.forms[g] = cpu_session(path, self.options), "exported"
+                    self.prefill_bodies[g] = "exported"
                 else:
                     form = self.attention_form or default_form(self.providers, g)
-                    self.sessions[g], self.forms[g] = graph_session(path, self.providers, self.options, form)
+                    body = self.prefill_body or default_prefill_body(self.providers)
+                    self.sessions[g], self.forms[g], self.prefill_bodies[g] = graph_session(
+                        path, self.providers, self.options, form, body)
             except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
                 raise LoadError(f"{path}: onnxruntime cannot load it: {first_line(e)}") from None
         return self.sessions[g]

@@ -21,18 +21,26 @@ of two rewritten forms, in memory (the files on disk are unchanged, the weights 
   [L, S] scores of every head.
 
 Other providers load the graphs as exported (``exported``).
+
+The CUDA provider also loads each ``gdn::GatedDeltaPrefill`` node with the ``linear_attention`` function body
+(:func:`gdn_deploy.export.onnx_functions.make_function`: the packed rows in a padded per-sequence view through
+onnxruntime's fused ``com.microsoft::LinearAttention``, whose float16 K = V = 128 form is a chunked tensor-core
+kernel) instead of the chunked body of standard ops the file holds, which onnxruntime runs as hundreds of small
+kernels and whose per-chunk matrices set the memory of a long prefill (:data:`PREFILL_BODIES`, :func:`default_prefill_body`).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["FORMS", "TOTAL_INPUT", "default_form", "graph_session", "host_total"]
+__all__ = ["FORMS", "PREFILL_BODIES", "TOTAL_INPUT", "default_form", "default_prefill_body", "graph_session",
+           "host_total"]
 
 FORMS = ("exported", "host_total", "expanded")
+PREFILL_BODIES = ("exported", "linear_attention")   # the gdn prefill body a session loads
 TOTAL_INPUT = "gqa_total_sequence_length"
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 _REWRITE_ON = frozenset({"CUDAExecutionProvider"})
@@ -44,6 +52,32 @@ def default_form(providers: Sequence, graph: str) -> str:
     if not _REWRITE_ON & names:
         return "exported"
     return "host_total" if graph in ("prefill", "decode") else "expanded"
+
+
+def default_prefill_body(providers: Sequence) -> str:
+    """The gdn prefill body graphs load with on ``providers``: ``linear_attention`` on the CUDA provider where
+    onnxruntime has ``com.microsoft::LinearAttention``, else ``exported``."""
+    from ..export.onnx_functions import onnxruntime_has_linear_attention
+    names = {p if isinstance(p, str) else p[0] for p in providers}
+    return "linear_attention" if _REWRITE_ON & names and onnxruntime_has_linear_attention() else "exported"
+
+
+def _la_prefill(model) -> bool:
+    """Give ``model``'s gdn prefill nodes the LinearAttention body (in place); False, ``model`` unchanged, where
+    it has none or their value heads are not static."""
+    import onnx
+
+    from ..export.onnx_functions import LA_BODY, add_function_bodies, decode_function_body, function_body
+    if function_body(model) in (None, LA_BODY):
+        return function_body(model) == LA_BODY
+    trial = onnx.ModelProto()
+    trial.CopyFrom(model)                      # weights are external: a copy of the graph only
+    try:
+        add_function_bodies(trial, LA_BODY, decode_function_body(trial) or "ops")
+    except ValueError:
+        return False
+    model.CopyFrom(trial)
+    return True
 
 
 def host_total(feed: Mapping[str, Tensor]) -> Tensor:
@@ -80,27 +114,36 @@ def _rewrite(model, form: str) -> int:
     return count
 
 
-def graph_session(path: Path, providers: Sequence, options, form: str):
-    """(an onnxruntime session of graph file ``path``, the form it was loaded in). ``form``: one of FORMS; a graph
-    without GroupQueryAttention nodes (or, for ``host_total``, without a ``positions`` input, then expanded) loads
-    from its file as it is."""
+def graph_session(path: Path, providers: Sequence, options, form: str, prefill_body: str = "exported"):
+    """(an onnxruntime session of graph file ``path``, the attention form it was loaded in, its gdn prefill body).
+    ``form``: one of FORMS; a graph without GroupQueryAttention nodes (or, for ``host_total``, without a
+    ``positions`` input, then expanded) loads from its file as it is. ``prefill_body``: one of PREFILL_BODIES; the
+    body given is ``exported`` where the graph has no prefill node or its value heads are not static, or where this
+    onnxruntime cannot load the linear_attention body (then the graph loads again with the file's body)."""
     import onnx
     import onnxruntime as ort
 
     from ..export.runtimes import session_settings
     if form not in FORMS:
         raise ValueError(f"attention form {form!r}: expected one of {FORMS}")
+    if prefill_body not in PREFILL_BODIES:
+        raise ValueError(f"prefill body {prefill_body!r}: expected one of {PREFILL_BODIES}")
     path = Path(path)
-    model: Optional[onnx.ModelProto] = None
-    if form != "exported":
-        model = onnx.load(str(path), load_external_data=False)
-        if not _rewrite(model, form):
-            if form == "host_total" and _rewrite(model, "expanded"):
-                form = "expanded"
-            else:
-                model, form = None, "exported"
-    if model is None:
-        return ort.InferenceSession(str(path), options, **session_settings(providers)), "exported"
+    model = onnx.load(str(path), load_external_data=False) if form != "exported" or prefill_body != "exported" \
+        else None
+    changed = False
+    if model is not None and form != "exported":
+        changed = bool(_rewrite(model, form))
+        if not changed:
+            changed = form == "host_total" and bool(_rewrite(model, "expanded"))
+            form = "expanded" if changed else "exported"
+    if model is not None and prefill_body != "exported":
+        if _la_prefill(model):
+            changed = True
+        else:
+            prefill_body = "exported"
+    if not changed:
+        return ort.InferenceSession(str(path), options, **session_settings(providers)), "exported", "exported"
     folder = str(path.parent.resolve())
     try:
         known = options.get_session_config_entry(EXTERNAL_FOLDER_KEY)
@@ -108,4 +151,10 @@ def graph_session(path: Path, providers: Sequence, options, form: str):
         known = None
     if known != folder:
         options.add_session_config_entry(EXTERNAL_FOLDER_KEY, folder)
-    return ort.InferenceSession(model.SerializeToString(), options, **session_settings(providers)), form
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), options, **session_settings(providers))
+    except Exception:  # noqa: BLE001  (onnxruntime's own error types)
+        if prefill_body == "exported":
+            raise
+        return graph_session(path, providers, options, form, "exported")
+    return sess, form, prefill_body

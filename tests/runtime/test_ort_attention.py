@@ -20,8 +20,12 @@ from gdn_deploy.export.integrity import verify_folder  # noqa: E402
 from gdn_deploy.runtime.backends import OnnxRuntimeBackend, make_backend, onnxruntime_providers  # noqa: E402
 from gdn_deploy.runtime.conversation import prefill  # noqa: E402
 from gdn_deploy.runtime.generation import generate, state_holder  # noqa: E402
-from gdn_deploy.runtime.ort_attention import TOTAL_INPUT, default_form, host_total  # noqa: E402
+from gdn_deploy.export.onnx_functions import onnxruntime_has_linear_attention  # noqa: E402
+from gdn_deploy.runtime.ort_attention import TOTAL_INPUT, default_form, default_prefill_body, host_total  # noqa: E402
 from gdn_deploy.runtime.ort_binding import BoundStates  # noqa: E402
+from gdn_deploy.spec import SPEC  # noqa: E402
+
+_F32 = SPEC.kernel_tolerance("float32")
 
 def _folder(family, tmp_path_factory):
     return tiny.exported_folder(family, tmp_path_factory, "ort_attention")
@@ -59,6 +63,41 @@ def test_forms_generate_as_exported(family, tmp_path_factory):
         assert rel_err(r.prefill_logits, runs[0].prefill_logits) <= 1e-5
     assert runs[0].finished[1] and runs[0].decode_steps > 0
     verify_folder(folder.path, folder.meta, hashes=True)   # sessions loaded the graphs in memory: the files unchanged
+
+
+@pytest.mark.skipif(not onnxruntime_has_linear_attention(), reason="no com.microsoft::LinearAttention here")
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "qwen3_5_moe"])
+def test_linear_attention_prefill_generates_as_exported(family, tmp_path_factory):
+    """The gdn prefill nodes loaded with the LinearAttention body (what the CUDA provider gets), here on the CPU
+    provider's float32 kernel, beside the host_total attention: the exported graphs' tokens and prefill logits on
+    ragged prompts (1, 6, 11, 65 tokens), and a continued prefill's logits and every state; the files unchanged.
+    Two float32 algorithms of the same recurrence (onnxruntime's kernel, the chunked body): float32's kernel
+    tolerance."""
+    folder, gen = _folder(family, tmp_path_factory)
+    exported = make_backend("onnxruntime", folder, threads=1)
+    la = OnnxRuntimeBackend(folder, threads=1, attention_form="host_total", prefill_body="linear_attention")
+    assert exported.prefill_bodies == {"prefill": "exported", "decode": "exported"}
+    assert la.prefill_bodies == {"prefill": "linear_attention", "decode": "exported"}   # decode has no prefill node
+    prompts = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (1, 6, 11, 65)]
+    a, b = (generate(folder, be, prompts, 6, eos_token_ids=[]) for be in (exported, la))
+    assert a.tokens == b.tokens and rel_err(b.prefill_logits, a.prefill_logits) <= _F32
+    first = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (3, 70)]
+    more = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (66, 1)]
+    res = []
+    for be in (exported, la):
+        h = state_holder(folder, be)
+        _, st = prefill(folder, be, first, capacity=140, holder=h)
+        logits, st = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [3, 70], holder=h)
+        res.append((logits, {k: v.clone() for k, v in st.items()}))
+    assert rel_err(res[1][0], res[0][0]) <= _F32
+    for s in folder.states:
+        a_, b_ = res[0][1][s.prefill_input], res[1][1][s.prefill_input]
+        if s.kind == "attention":
+            for i, n in enumerate((69, 71)):
+                assert rel_err(b_[i, :, :n], a_[i, :, :n]) <= _F32, s.prefill_input
+        else:
+            assert rel_err(b_, a_) <= _F32, s.prefill_input
+    verify_folder(folder.path, folder.meta, hashes=True)
 
 
 def test_host_total_values():
@@ -105,6 +144,9 @@ def test_form_by_provider_and_devices():
     assert default_form(["CPUExecutionProvider"], "prefill") == "exported"
     assert default_form(["CUDAExecutionProvider", "CPUExecutionProvider"], "decode") == "host_total"
     assert default_form([("CUDAExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"], "verify") == "expanded"
+    assert default_prefill_body(["CPUExecutionProvider"]) == "exported"
+    assert default_prefill_body([("CUDAExecutionProvider", {})]) == (
+        "linear_attention" if onnxruntime_has_linear_attention() else "exported")
     assert onnxruntime_providers("cpu") == ("CPUExecutionProvider",)
     with pytest.raises(UsageError, match="cpu or cuda"):
         onnxruntime_providers("tpu")
@@ -130,6 +172,7 @@ def test_cuda_provider_generation_equals_cpu(family, tmp_path_factory):
     gpu = make_backend("onnxruntime", folder, device="cuda")
     tol = 5e-3 if family == "qwen3_5_moe" else 1e-4
     assert gpu.forms == {"prefill": "host_total", "decode": "host_total"}
+    assert gpu.prefill_bodies == {"prefill": "linear_attention", "decode": "exported"}
     assert all(sess.get_providers()[0] == "CUDAExecutionProvider" for sess in gpu.sessions.values())
     holder = state_holder(folder, gpu)
     assert isinstance(holder, BoundStates) and holder.device.type == "cuda"
