@@ -2,19 +2,21 @@
 
 For each expert count (same active size: same top-k and expert width) and each MoE form, exports one
 :class:`gdn_deploy.lm.mlp.SparseMoE` with a dynamic token count and prints the median wall time of a call at each
-token count, with the expert rows the form computes relative to the routed rows ``T*k`` (FLOPs of the routed part)
+token count (and the fastest call: the machine may be shared), with the expert rows the form computes relative to the routed rows ``T*k`` (FLOPs of the routed part)
 and, last, each form's time at the largest expert count over its time at the smallest:
 
 - ``op``       what the onnxruntime graphs use where onnxruntime has it: one ``com.microsoft::MoE`` node
                (:mod:`gdn_deploy.export.onnx_moe`; routed rows)
 - ``grouped``  what ``prefill.trt.onnx`` (and ``prefill.onnx`` without the op) uses: rows sorted by expert into blocks
                (:func:`~gdn_deploy.lm.mlp.grouped_blocks`)
+- ``split``    the op node replaced by rows sorted by expert, one ``Split`` and one ``Gemm`` per expert against its
+               own constant weights (pre-packed once per session; :func:`~gdn_deploy.export.onnx_moe.expand_moe`)
 - ``dense``    the earlier prefill form: every expert on every token (E/k times the routed FLOPs)
 - ``gather``   the decode form: each token gathers its k experts' weights (for reference; ``T*k`` expert matrices
                copied per call)
 
     python benchmarks/bench_moe.py [--experts 4,64] [--top-k 2] [--hidden 512] [--inter 256] [--shared 256]
-        [--tokens 512,2048,4096] [--forms op,grouped,dense] [--threads 1] [--reps 3] [--check] [--memory]
+        [--tokens 512,2048,4096] [--forms op,grouped,split,dense] [--threads 1] [--reps 3] [--check] [--memory]
         [--out DIR]
 
 ``--check`` adds each run's norm-relative error against the eager routed layer (float64). ``--memory`` adds what
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,7 +48,7 @@ def _ints(s: str) -> list[int]:
 
 
 def _rows(form: str, tokens: int, top_k: int, experts: int) -> int:
-    if form == "op":
+    if form in ("op", "split"):
         return tokens * top_k
     if form == "grouped":
         rows, blocks = grouped_blocks(tokens, top_k, experts)
@@ -78,11 +81,16 @@ def _load_memory(path: Path) -> tuple[float, float]:
 def _export(moe: SparseMoE, form: str, path: Path, hidden: int) -> None:
     from torch.export import Dim
     from gdn_deploy.export.onnx_ops import export_program
-    moe.impl = form
+    moe.impl = "op" if form == "split" else form
     with torch.no_grad():
         export_program(moe, (torch.randn(11, hidden),), str(path), input_names=["x"], output_names=["y"],
                        dynamic_shapes=({0: Dim("tokens", min=1, max=1 << 20)},))
     moe.impl = "routed"
+    if form == "split":
+        from gdn_deploy.export.onnx_moe import expand_moe
+        model = onnx.load(str(path))
+        expand_moe(model, "split")
+        onnx.save(model, str(path))
 
 
 def main(argv=None) -> int:
@@ -108,7 +116,7 @@ def main(argv=None) -> int:
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     print(f"onnxruntime {ort.__version__} CPU, {a.threads} thread(s); hidden {a.hidden}, expert width {a.inter}, "
           f"top-k {a.top_k}, shared expert {a.shared}; median of {a.reps}")
-    head = f"{'experts':>7} {'form':>8} {'tokens':>7} {'rows/Tk':>8} {'ms':>10}"
+    head = f"{'experts':>7} {'form':>8} {'tokens':>7} {'rows/Tk':>8} {'ms':>10} {'min_ms':>8}"
     print(head + (f" {'rel_err':>9}" if a.check else ""))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,7 +134,12 @@ def main(argv=None) -> int:
                           f"(expert weights {weights:.0f} MB)", flush=True)
                     results.append({"experts": E, "form": form, "load_peak_mb": peak, "load_resident_mb": resident,
                                     "expert_weights_mb": weights})
+                t0 = time.perf_counter()
                 sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+                load_s = time.perf_counter() - t0
+                print(f"{E:>7} {form:>8} session load {load_s:.2f} s, {len(onnx.load(str(path)).graph.node)} nodes",
+                      flush=True)
+                results.append({"experts": E, "form": form, "load_s": load_s})
                 for T in a.tokens:
                     x = torch.randn(T, a.hidden, generator=torch.Generator().manual_seed(T))
                     feed = {"x": x.numpy()}
@@ -137,8 +150,9 @@ def main(argv=None) -> int:
                         sess.run(None, feed)
                         times.append((time.perf_counter() - t0) * 1e3)
                     row = {"experts": E, "form": form, "tokens": T, "ms": statistics.median(times),
-                           "rows_over_routed": _rows(form, T, a.top_k, E) / (T * a.top_k)}
-                    line = f"{E:>7} {form:>8} {T:>7} {row['rows_over_routed']:>8.3f} {row['ms']:>10.1f}"
+                           "min_ms": min(times), "rows_over_routed": _rows(form, T, a.top_k, E) / (T * a.top_k)}
+                    line = (f"{E:>7} {form:>8} {T:>7} {row['rows_over_routed']:>8.3f} {row['ms']:>10.1f} "
+                            f"{row['min_ms']:>8.1f}")
                     if a.check:
                         with torch.no_grad():
                             want = ref64(x.double()).numpy()
@@ -152,8 +166,11 @@ def main(argv=None) -> int:
     if lo != hi:
         print(f"time at {hi} experts / time at {lo} experts (same active size):")
         t = {(r["experts"], r["form"], r["tokens"]): r["ms"] for r in results if "ms" in r}
+        tm = {(r["experts"], r["form"], r["tokens"]): r["min_ms"] for r in results if "ms" in r}
         for form in forms:
-            print(f"  {form:>8}: " + ", ".join(f"T={T} {t[(hi, form, T)] / t[(lo, form, T)]:.2f}x" for T in a.tokens))
+            print(f"  {form:>8}: " + ", ".join(f"T={T} {t[(hi, form, T)] / t[(lo, form, T)]:.2f}x" for T in a.tokens)
+                  + " (fastest calls: " + ", ".join(f"{tm[(hi, form, T)] / tm[(lo, form, T)]:.2f}x" for T in a.tokens)
+                  + ")")
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
