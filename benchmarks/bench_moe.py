@@ -1,9 +1,10 @@
 """One MoE layer (router, routed experts, shared expert) exported as the prefill graph computes it, in onnxruntime.
 
 For each expert count (same active size: same top-k and expert width) and each MoE form, exports one
-:class:`gdn_deploy.lm.mlp.SparseMoE` with a dynamic token count and prints the median wall time of a call at each
-token count (and the fastest call: the machine may be shared), with the expert rows the form computes relative to the routed rows ``T*k`` (FLOPs of the routed part)
-and, last, each form's time at the largest expert count over its time at the smallest:
+:class:`gdn_deploy.lm.mlp.SparseMoE` with a dynamic token count, prints its session load time and node count, and
+the median wall time of a call at each token count (and the fastest call: the machine may be shared), with the
+expert rows the form computes relative to the routed rows ``T*k`` (FLOPs of the routed part) and, last, each form's
+time at the largest expert count over its time at the smallest:
 
 - ``op``       what the onnxruntime graphs use where onnxruntime has it: one ``com.microsoft::MoE`` node
                (:mod:`gdn_deploy.export.onnx_moe`; routed rows)
@@ -17,12 +18,13 @@ and, last, each form's time at the largest expert count over its time at the sma
 
     python benchmarks/bench_moe.py [--experts 4,64] [--top-k 2] [--hidden 512] [--inter 256] [--shared 256]
         [--tokens 512,2048,4096] [--forms op,grouped,split,dense] [--threads 1] [--reps 3] [--check] [--memory]
-        [--out DIR]
+        [--interleave] [--out DIR]
 
 ``--check`` adds each run's norm-relative error against the eager routed layer (float64). ``--memory`` adds what
 creating each form's session costs in memory (a child process per form: peak and resident RSS above the process
 before the session, in MB; the layer's weights are stored in the .onnx file). ``--out DIR`` writes
-``bench_moe.json`` there. One onnxruntime session alive at a time; no spinning threads.
+``bench_moe.json`` there. One onnxruntime session alive at a time (``--interleave``: every session alive and their
+calls alternating, so that load from other jobs on a shared machine hits every form alike); no spinning threads.
 """
 from __future__ import annotations
 
@@ -107,6 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--interleave", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     import onnxruntime as ort
@@ -119,7 +122,34 @@ def main(argv=None) -> int:
     head = f"{'experts':>7} {'form':>8} {'tokens':>7} {'rows/Tk':>8} {'ms':>10} {'min_ms':>8}"
     print(head + (f" {'rel_err':>9}" if a.check else ""))
     results = []
+
+    def measure(group):
+        """Time the sessions of ``group`` [(E, form, session, float64 layer)], their calls alternating."""
+        for T in a.tokens:
+            x = torch.randn(T, a.hidden, generator=torch.Generator().manual_seed(T))
+            feed = {"x": x.numpy()}
+            ys = [sess.run(None, feed)[0] for _, _, sess, _ in group]         # warm-up
+            times = [[] for _ in group]
+            for _ in range(a.reps):
+                for (_, _, sess, _), ts in zip(group, times):
+                    t0 = time.perf_counter()
+                    sess.run(None, feed)
+                    ts.append((time.perf_counter() - t0) * 1e3)
+            for (E, form, _, ref64), y, ts in zip(group, ys, times):
+                row = {"experts": E, "form": form, "tokens": T, "ms": statistics.median(ts), "min_ms": min(ts),
+                       "rows_over_routed": _rows(form, T, a.top_k, E) / (T * a.top_k)}
+                line = (f"{E:>7} {form:>8} {T:>7} {row['rows_over_routed']:>8.3f} {row['ms']:>10.1f} "
+                        f"{row['min_ms']:>8.1f}")
+                if a.check:
+                    with torch.no_grad():
+                        want = ref64(x.double()).numpy()
+                    row["rel_err"] = float(np.linalg.norm(y - want) / np.linalg.norm(want))
+                    line += f" {row['rel_err']:>9.1e}"
+                print(line, flush=True)
+                results.append(row)
+
     with tempfile.TemporaryDirectory() as tmp:
+        alive = []
         for E in a.experts:
             torch.manual_seed(0)
             moe = SparseMoE(a.hidden, MoEConfig(E, a.top_k, a.inter, a.shared)).eval()
@@ -137,31 +167,16 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
                 load_s = time.perf_counter() - t0
-                print(f"{E:>7} {form:>8} session load {load_s:.2f} s, {len(onnx.load(str(path)).graph.node)} nodes",
-                      flush=True)
-                results.append({"experts": E, "form": form, "load_s": load_s})
-                for T in a.tokens:
-                    x = torch.randn(T, a.hidden, generator=torch.Generator().manual_seed(T))
-                    feed = {"x": x.numpy()}
-                    y = sess.run(None, feed)[0]                       # warm-up
-                    times = []
-                    for _ in range(a.reps):
-                        t0 = time.perf_counter()
-                        sess.run(None, feed)
-                        times.append((time.perf_counter() - t0) * 1e3)
-                    row = {"experts": E, "form": form, "tokens": T, "ms": statistics.median(times),
-                           "min_ms": min(times), "rows_over_routed": _rows(form, T, a.top_k, E) / (T * a.top_k)}
-                    line = (f"{E:>7} {form:>8} {T:>7} {row['rows_over_routed']:>8.3f} {row['ms']:>10.1f} "
-                            f"{row['min_ms']:>8.1f}")
-                    if a.check:
-                        with torch.no_grad():
-                            want = ref64(x.double()).numpy()
-                        row["rel_err"] = float(np.linalg.norm(y - want) / np.linalg.norm(want))
-                        line += f" {row['rel_err']:>9.1e}"
-                    print(line, flush=True)
-                    results.append(row)
-                del sess
+                nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
+                print(f"{E:>7} {form:>8} session load {load_s:.2f} s, {nodes} nodes", flush=True)
+                results.append({"experts": E, "form": form, "load_s": load_s, "nodes": nodes})
                 path.unlink()
+                alive.append((E, form, sess, ref64))
+                if not a.interleave:
+                    measure(alive)
+                    alive = []
+        if alive:
+            measure(alive)
     lo, hi = min(a.experts), max(a.experts)
     if lo != hi:
         print(f"time at {hi} experts / time at {lo} experts (same active size):")

@@ -10,6 +10,9 @@
 - TensorRT copies (``*.trt.onnx``): :func:`expand_moe` replaces every such node by standard ops (router softmax,
   TopK, then the ``grouped`` form of prefill or the ``gather`` form of decode, :mod:`gdn_deploy.lm.mlp`), reading
   the same interleaved fc1 (TensorRT folds the interleave of the constant weights when it builds).
+- ``split`` (:func:`expand_moe`, onnxruntime only, measured and not used by the exports): rows sorted by expert,
+  one ``Gemm`` per expert on its constant weights, which onnxruntime pre-packs once per session where the op's CPU
+  kernel packs every expert's weights on every call; docs/models.md (MoE prefill forms) has the numbers.
 
 :func:`onnxruntime_moe_form` says which form the onnxruntime graphs use: ``"op"`` where the installed onnxruntime
 runs the op (asked once per process with a two-expert model checked against numpy) and the model is float32, else
@@ -311,9 +314,9 @@ def _split_experts(b: _Builder, x: str, idx: str, fc1: str, fc2: str, swiglu, k:
 
 def expand_moe(model: onnx.ModelProto, form: str) -> int:
     """Replace (in place) every ``com.microsoft::MoE`` node of the main graph by standard ops computing the same
-    (``form``: ``"grouped"`` or ``"gather"``, see the module docstring; ``grouped`` needs >= 1 token, as a prefill
-    has); drops the com.microsoft opset import when
-    no node of that domain is left. Returns the count."""
+    (``form``: ``"grouped"``, ``"gather"`` or ``"split"``, see the module docstring; ``grouped`` needs >= 1 token,
+    as a prefill has; ``split`` needs the expert count from the fc2 weights' shape); drops the com.microsoft opset
+    import when no node of that domain is left. Returns the count."""
     g = model.graph
     count = expand_nodes(g, lambda n: n.domain == MOE_DOMAIN and n.op_type == "MoE",
                          lambda n, i: _expand_node(n, form, f"moe{i}", _elem_type(g, n.input[4]), _experts(g, n)))
