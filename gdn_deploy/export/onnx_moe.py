@@ -10,6 +10,9 @@
 - TensorRT copies (``*.trt.onnx``): :func:`expand_moe` replaces every such node by standard ops (router softmax,
   TopK, then the ``grouped`` form of prefill or the ``gather`` form of decode, :mod:`gdn_deploy.lm.mlp`), reading
   the same interleaved fc1 (TensorRT folds the interleave of the constant weights when it builds).
+- ``split`` (:func:`expand_moe`, onnxruntime only, measured and not used by the exports): rows sorted by expert,
+  one ``Gemm`` per expert on its constant weights, which onnxruntime pre-packs once per session where the op's CPU
+  kernel packs every expert's weights on every call; docs/models.md (MoE prefill forms) has the numbers.
 
 :func:`onnxruntime_moe_form` says which form the onnxruntime graphs use: ``"op"`` where the installed onnxruntime
 runs the op (asked once per process with a two-expert model checked against numpy) and the model is float32, else
@@ -150,6 +153,17 @@ def _elem_type(g: onnx.GraphProto, name: str) -> int:
     raise ValueError(f"expand_moe: cannot tell the element type of {name!r}")
 
 
+def _experts(g: onnx.GraphProto, n: onnx.NodeProto) -> int:
+    """The expert count of MoE node ``n`` (dim 0 of its fc2 weights, an initializer or a typed value), 0 if unknown."""
+    for t in g.initializer:
+        if t.name == n.input[4]:
+            return int(t.dims[0])
+    for v in [*g.input, *g.value_info]:
+        if v.name == n.input[4] and v.type.tensor_type.shape.dim:
+            return int(v.type.tensor_type.shape.dim[0].dim_value)
+    return 0
+
+
 class _Builder:
     def __init__(self, tag: str):
         self.tag, self.nodes = tag, []
@@ -167,7 +181,7 @@ class _Builder:
         return outs if n_out > 1 else outs[0]
 
 
-def _expand_node(n: onnx.NodeProto, form: str, tag: str, dtype: int) -> list[onnx.NodeProto]:
+def _expand_node(n: onnx.NodeProto, form: str, tag: str, dtype: int, experts: int) -> list[onnx.NodeProto]:
     attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
     k, normalize = int(attrs.get("k", 1)), int(attrs.get("normalize_routing_weights", 0))
     x, logits, fc1, fc2 = n.input[0], n.input[1], n.input[2], n.input[4]
@@ -252,21 +266,60 @@ def _expand_node(n: onnx.NodeProto, form: str, tag: str, dtype: int) -> list[onn
                "yb")                                                                        # [nb*rows, H]
         y = b("Reshape", [b("Gather", [yb, dest], "yd", axis=0),
                           b("Concat", [Ts, b.const("kc", [k]), Hs], "y_sh", axis=0)], "y")   # [T, k, H]
+    elif form == "split":
+        if experts < 1:
+            raise ValueError(f"expand_moe: form 'split' needs the expert count, unknown for {n.name!r}")
+        y = _split_experts(b, x, idx, fc1, fc2, swiglu, k, Ts, Hs, experts)
     else:
-        raise ValueError(f"expand_moe: form {form!r}, expected 'grouped' or 'gather'")
+        raise ValueError(f"expand_moe: form {form!r}, expected 'grouped', 'gather' or 'split'")
     b.nodes.append(helper.make_node("ReduceSum", [b("Mul", [y, b("Unsqueeze", [w, axm1], "w3")], "yw"), ax1],
                                     [out], name=f"{tag}_out", keepdims=0))
     return b.nodes
 
 
+def _split_experts(b: _Builder, x: str, idx: str, fc1: str, fc2: str, swiglu, k: int, Ts: str, Hs: str,
+                   n_exp: int) -> str:
+    """The ``split`` form: the ``T*k`` rows sorted by expert (TopK of ``expert*M + row``), one ``Split`` by the
+    experts' row counts, one ``Gemm`` per expert against its own constant weights (onnxruntime folds
+    ``Gather(fc1, e)`` and pre-packs the Gemm's B once per session), the rows put back in token order. -> [T, k, H]"""
+    I64 = TensorProto.INT64
+    flat = b.const("sp_flat", [-1])
+    e1 = b("Reshape", [idx, flat], "sp_e")                                                 # [M] expert of a row
+    m = b("Shape", [e1], "sp_M")                                                           # [1]
+    row = b("Range", [b.const("sp_z", [0], scalar=True), b("Squeeze", [m], "sp_Ms"),
+                      b.const("sp_o", [1], scalar=True)], "sp_row")                        # [M]
+    key = b("Add", [b("Mul", [e1, m], "sp_eM"), row], "sp_key")                            # unique, by expert
+    _, order = b("TopK", [key, m], "sp_sort", n_out=2, axis=0, largest=0, sorted=1)         # [M] rows by expert
+    tok = b("Div", [order, b.const("sp_k", [k])], "sp_tok")                                # token of each sorted row
+    counts = b("ScatterElements", [b("ConstantOfShape", [b.const("sp_E", [n_exp])], "sp_c0",
+                                     value=helper.make_tensor("z64", I64, [1], [0])),
+                                   e1, b("ConstantOfShape", [m], "sp_ones",
+                                         value=helper.make_tensor("o64", I64, [1], [1]))],
+                       "sp_counts", axis=0, reduction="add")                               # [E] rows per expert
+    xs = b("Gather", [x, tok], "sp_xs", axis=0)                                             # [M, H] sorted rows
+    parts = b("Split", [xs, counts], "sp_xe", n_out=n_exp, axis=0)
+    parts = parts if n_exp > 1 else [parts]
+    h = b("Concat", [b("Gemm", [p, b("Gather", [fc1, b.const(f"sp_i{e}", [e], scalar=True)], f"sp_w1_{e}",
+                                     axis=0)], f"sp_gu{e}", transB=1) for e, p in enumerate(parts)], "sp_h", axis=0)
+    a = b("Squeeze", [swiglu(b("Unsqueeze", [h, b.const("sp_ax0", [0])], "sp_hu"), "sp_act"),
+                      b.const("sp_ax0b", [0])], "sp_a")                                    # [M, I]
+    parts = b("Split", [a, counts], "sp_ae", n_out=n_exp, axis=0)
+    parts = parts if n_exp > 1 else [parts]
+    ys = b("Concat", [b("Gemm", [p, b("Gather", [fc2, b.const(f"sp_j{e}", [e], scalar=True)], f"sp_w2_{e}",
+                                     axis=0)], f"sp_dn{e}", transB=1) for e, p in enumerate(parts)], "sp_ys", axis=0)
+    back = b("ScatterElements", [row, order, row], "sp_back", axis=0)                      # sorted place of a row
+    return b("Reshape", [b("Gather", [ys, back], "sp_yr", axis=0),
+                         b("Concat", [Ts, b.const("sp_kc", [k]), Hs], "sp_ysh", axis=0)], "sp_y")   # [T, k, H]
+
+
 def expand_moe(model: onnx.ModelProto, form: str) -> int:
     """Replace (in place) every ``com.microsoft::MoE`` node of the main graph by standard ops computing the same
-    (``form``: ``"grouped"`` or ``"gather"``, see the module docstring; ``grouped`` needs >= 1 token, as a prefill
-    has); drops the com.microsoft opset import when
-    no node of that domain is left. Returns the count."""
+    (``form``: ``"grouped"``, ``"gather"`` or ``"split"``, see the module docstring; ``grouped`` needs >= 1 token,
+    as a prefill has; ``split`` needs the expert count from the fc2 weights' shape); drops the com.microsoft opset
+    import when no node of that domain is left. Returns the count."""
     g = model.graph
     count = expand_nodes(g, lambda n: n.domain == MOE_DOMAIN and n.op_type == "MoE",
-                         lambda n, i: _expand_node(n, form, f"moe{i}", _elem_type(g, n.input[4])))
+                         lambda n, i: _expand_node(n, form, f"moe{i}", _elem_type(g, n.input[4]), _experts(g, n)))
     if not count:
         return 0
     if not any(n.domain == MOE_DOMAIN for n in g.node):

@@ -209,3 +209,30 @@ def test_whole_model_tensorrt_moe_forms_equal_the_op(tmp_path_factory, gen):
     dwant, dgot = op.run(None, dfeed), expanded.run(None, dfeed)
     for i, (a, b) in enumerate(zip(dgot, dwant)):
         assert rel_err(torch.from_numpy(a), torch.from_numpy(b)) <= 1e-5, ("decode", i)
+
+
+def test_whole_model_split_prefill_equals_the_op(tmp_path_factory, gen):
+    """The prefill graph with its MoE nodes in the ``split`` form (one Gemm per expert, the weights read from the
+    shared weights file) gives the op graph's logits and states."""
+    from gdn_deploy.export.onnx_moe import expand_moe
+    from gdn_deploy.runtime.folder import ExportFolder
+    from gdn_deploy.runtime.generation import fresh_prefill_feed
+    from gdn_deploy.lm.model import positions_from_cu_seqlens
+    hf, target, out, _ = _moe_model(tmp_path_factory)
+    model = onnx.load(str(out / "prefill.onnx"), load_external_data=False)
+    assert expand_moe(model, "split") == target.module.hybrid_config.mlp_types.count("moe")
+    path = out / "prefill.split_moe.onnx"                # beside the graph: the shared weights file resolves
+    onnx.save_model(model, str(path))
+    try:
+        op = ort.InferenceSession(str(out / "prefill.onnx"), providers=["CPUExecutionProvider"])
+        split = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    finally:
+        path.unlink()
+    for lens in ([5, 1, 17], [64, 3]):
+        cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
+        ids = torch.randint(0, hf.config.vocab_size, (int(cu[-1]),), generator=gen)
+        feed = fresh_prefill_feed(ExportFolder(out), ids, cu, positions_from_cu_seqlens(cu, len(ids)), max(lens) + 2)
+        pf = {i.name: feed[i.name].numpy() for i in op.get_inputs()}
+        for i, (a, b) in enumerate(zip(split.run(None, pf), op.run(None, pf))):
+            assert float(np.abs(b).max()) > 0
+            assert rel_err(torch.from_numpy(a), torch.from_numpy(b)) <= 1e-5, (lens, i)

@@ -1,7 +1,8 @@
 """MoE layers on onnxruntime's ``com.microsoft::MoE`` (``SparseMoE.impl = "op"``) and the TensorRT copies' forms.
 
 One SparseMoE layer exported in the op form, run by onnxruntime on CPU as exported and after
-:func:`expand_moe` into the ``grouped`` and ``gather`` forms of the TensorRT copies (those hold standard ops only),
+:func:`expand_moe` into the ``grouped`` and ``gather`` forms of the TensorRT copies (those hold standard ops only)
+and the ``split`` form (one Gemm per expert; an expert no row chose runs on zero rows),
 against the routed layer in float64: 64 experts top-2 and top-3, 4 experts, ``norm_topk_prob`` on and off, lengths
 1 to 300, every token on one or two experts with every other expert's weights NaN. Whole models: the onnxruntime
 graphs of tiny Qwen3.5-MoE / Qwen3-Next exports hold one MoE node per MoE layer (their logits against HF:
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.skipif(not onnxruntime_has_moe(), reason="the installed
 
 H, INTER, SHARED = 32, 16, 24
 LENGTHS = (1, 2, 63, 64, 65, 300)
-FORMS = ("op", "grouped", "gather")
+FORMS = ("op", "grouped", "gather", "split")
 _CACHE: dict = {}
 
 
@@ -40,14 +41,15 @@ def _moe_nodes(model: onnx.ModelProto) -> list:
 
 
 def _sessions(model: onnx.ModelProto) -> dict:
-    """The op form as exported and both TensorRT forms, each an onnxruntime CPU session."""
+    """The op form as exported, both TensorRT forms and the ``split`` form, each an onnxruntime CPU session."""
     out = {}
     assert len(_moe_nodes(model)) == 1 and graph_op_problems(model, onnxruntime=True) == []
     for form in FORMS:
         m = copy.deepcopy(model)
         if form != "op":
             assert expand_moe(m, form) == 1
-            assert not _moe_nodes(m) and graph_op_problems(m) == [], graph_op_problems(m)[:3]
+            problems = [] if form == "split" else graph_op_problems(m)      # split: onnxruntime only (TopK of M)
+            assert not _moe_nodes(m) and problems == [], problems[:3]
             assert all(o.domain != "com.microsoft" for o in m.opset_import)
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
@@ -134,3 +136,14 @@ def test_expand_refuses_an_unknown_form(tmp_path_factory):
     model = export_layer(moe, "op", tmp_path_factory.mktemp("bad") / "m.onnx")
     with pytest.raises(ValueError, match="form 'dense'"):
         expand_moe(model, "dense")
+
+
+def test_split_form_needs_the_expert_count(tmp_path_factory):
+    torch.manual_seed(0)
+    moe = SparseMoE(H, MoEConfig(4, 2, INTER, SHARED)).eval()
+    model = export_layer(moe, "op", tmp_path_factory.mktemp("nocount") / "m.onnx")
+    fc2 = _moe_nodes(model)[0].input[4]
+    model.graph.node.insert(0, onnx.helper.make_node("Identity", [fc2], ["fc2_unknown"]))
+    _moe_nodes(model)[0].input[4] = "fc2_unknown"
+    with pytest.raises(ValueError, match="form 'split' needs the expert count"):
+        expand_moe(model, "split")
