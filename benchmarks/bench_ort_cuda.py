@@ -49,6 +49,7 @@ ARENA = {"next_power_of_two": "kNextPowerOfTwo", "same_as_requested": "kSameAsRe
 
 class _ARGS:      # the options _ort_backend reads (set by main)
     arena = "next_power_of_two"
+    prefill_body = None
 
 
 def _gpu_used() -> int:
@@ -70,7 +71,8 @@ def _ort_backend(folder, bind_states=True, profile=False, form=None):
     from gdn_deploy.runtime.backends import OnnxRuntimeBackend
     provs = [(p, {"arena_extend_strategy": ARENA[_ARGS.arena]}) if p == "CUDAExecutionProvider" else p
              for p in PROVIDERS]
-    be = OnnxRuntimeBackend(folder, providers=provs, bind_states=bind_states, attention_form=form)
+    be = OnnxRuntimeBackend(folder, providers=provs, bind_states=bind_states, attention_form=form,
+                            prefill_body=_ARGS.prefill_body)
     if profile:
         be.options.enable_profiling = True
         be.sessions.pop("prefill")
@@ -126,6 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-chunk", default="4096",
                     help="comma list: also time each prompt longer than a size fed in continued pieces of that many "
                          "tokens (generate's prefill_chunk; 0: one call only)")
+    ap.add_argument("--prefill-body", default=None, choices=["exported", "linear_attention"],
+                    help="the gdn prefill body the sessions load (runtime/ort_attention.py; default: the CUDA "
+                         "provider's default, linear_attention where onnxruntime has it)")
     ap.add_argument("--arena", default="next_power_of_two", choices=sorted(ARENA),
                     help="the CUDA provider's arena_extend_strategy (onnxruntime's default: next_power_of_two)")
     ap.add_argument("--form-check", type=int, default=1,
@@ -135,7 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke run of this script on onnxruntime's CPU provider (no torch/HF rows)")
     args = ap.parse_args(argv)
-    _ARGS.arena = args.arena
+    _ARGS.arena, _ARGS.prefill_body = args.arena, args.prefill_body
     if args.device == "cpu":
         PROVIDERS[:] = ["CPUExecutionProvider"]
     lens = [int(x) for x in args.prefill_lens.split(",") if x]
@@ -200,6 +205,7 @@ def main(argv=None) -> int:
                     ts.append(r.prefill_seconds)
                 if first_logits is None:
                     first_logits = r.prefill_logits[0].double()
+                    rows["env"]["prefill_body"] = be.prefill_bodies.get("prefill")
                 row = dict(tokens=L, chunk=c, ort_s=statistics.median(ts), ort_held_bytes=_gpu_used() - base,
                            ort_session_bytes=session_bytes,
                            need_bytes=weights + state_bytes(ours16, L + 1),
@@ -318,7 +324,7 @@ def main(argv=None) -> int:
               if f"ort_{form}_logits_rel_err_vs_hf_fp32" in e else
               (f"; {form} form: {e[f'{form}_error']}" if f"{form}_error" in e else "")
               for form in ("exported", "expanded")), "",
-          f"onnxruntime CUDA arena: {args.arena}", "",
+          f"onnxruntime CUDA arena: {args.arena}; gdn prefill body: {e.get('prefill_body', '?')}", "",
           "| prefill tokens | fed as | onnxruntime CUDA s | GPU memory held: sessions / after (GB) | weights + "
           "states (GB) | [T, T] fp32 scores of all heads (GB) | ours (PyTorch + gdn kernels, bf16) s | HF + FLA "
           "(bf16) s | HF peak activations (GB) |", "|---|---|---|---|---|---|---|---|---|"]
