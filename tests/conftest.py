@@ -62,6 +62,39 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return num / den
 
 
+def assert_each_sequence_close(o, s, o_ref, s_ref, cu_seqlens, tol: float) -> None:
+    """Every sequence's final state and (non-empty) output rows within ``tol`` of the reference on their own, not
+    only the batch's norm."""
+    cu = [int(x) for x in cu_seqlens]
+    for n in range(len(cu) - 1):
+        assert rel_err(s[n], s_ref[n]) < tol, (n, rel_err(s[n], s_ref[n]))
+        if cu[n + 1] > cu[n]:
+            assert rel_err(o[cu[n]:cu[n + 1]], o_ref[cu[n]:cu[n + 1]]) < tol, (n, rel_err(o[cu[n]:cu[n + 1]],
+                                                                                          o_ref[cu[n]:cu[n + 1]]))
+
+
+def prefill_then_continue(folder, backend, holder, first, more, capacity: int):
+    """Prefill ``first`` (token lists) into ``holder``'s states, then continue with ``more``: (the second call's
+    logits, a copy of every state after it)."""
+    from gdn_deploy.runtime.conversation import prefill
+    _, st = prefill(folder, backend, first, capacity=capacity, holder=holder)
+    logits, st = prefill(folder, backend, more, {k: v.clone() for k, v in st.items()}, [len(t) for t in first],
+                         holder=holder)
+    return logits, {k: v.clone() for k, v in st.items()}
+
+
+def assert_folder_states_close(folder, got: dict, ref: dict, lengths, tol: float) -> None:
+    """Every state of an exported folder's prefill outputs within ``tol`` (attention caches on each sequence's
+    written slots ``lengths``, GDN states whole)."""
+    for s in folder.states:
+        a, b = got[s.prefill_input], ref[s.prefill_input]
+        if s.kind == "attention":
+            for i, n in enumerate(lengths):
+                assert rel_err(a[i, :, :n], b[i, :, :n]) <= tol, s.prefill_input
+        else:
+            assert rel_err(a, b) <= tol, s.prefill_input
+
+
 def _randn(gen, shape, dtype=torch.float64):
     return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 

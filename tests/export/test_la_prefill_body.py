@@ -10,7 +10,8 @@ import torch
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from conftest import call_prefill_ref, cast_inputs, make_prefill_inputs, rel_err, single_node_model  # noqa: E402
+from conftest import (assert_each_sequence_close, call_prefill_ref, cast_inputs, make_prefill_inputs,  # noqa: E402
+                      rel_err, single_node_model)
 from gdn_deploy.export.onnx_functions import (BODY_METADATA_KEY, LA_BODY, add_function_bodies,  # noqa: E402
                                               onnxruntime_has_linear_attention)
 from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
@@ -39,11 +40,7 @@ def test_ragged_batch_edge_lengths(gen, gate_mode, use_qk_l2norm, heads):
     o64, s64 = call_prefill_ref(inp, **attrs)
     o, s, feeds = _run(inp, attrs)
     assert o.dtype == torch.float32 and o.shape == o64.shape and s.shape == s64.shape
-    for n in range(len(lengths)):
-        a, e = int(inp["cu_seqlens"][n]), int(inp["cu_seqlens"][n + 1])
-        assert rel_err(s[n], s64[n]) < FP32_TOL
-        if e > a:
-            assert rel_err(o[a:e], o64[a:e]) < FP32_TOL
+    assert_each_sequence_close(o, s, o64, s64, inp["cu_seqlens"], FP32_TOL)
     assert torch.equal(s[0], feeds[6][0])              # the empty sequence keeps its state bit for bit
 
 
@@ -98,9 +95,4 @@ def test_cuda_provider(gen, dtype, case):
     o, s = run_onnxruntime(sess, feeds).values()
     tol = SPEC.kernel_tolerance("float16" if dtype == torch.float16 else "float32")
     assert o.dtype == dtype and rel_err(o, o64) < tol and rel_err(s, s64) < tol, (rel_err(o, o64), rel_err(s, s64))
-    cu = inp["cu_seqlens"]
-    for n in range(len(cu) - 1):
-        a, e = int(cu[n]), int(cu[n + 1])
-        assert rel_err(s[n], s64[n]) < tol
-        if e > a:
-            assert rel_err(o[a:e], o64[a:e]) < tol, (n, rel_err(o[a:e], o64[a:e]))
+    assert_each_sequence_close(o, s, o64, s64, inp["cu_seqlens"], tol)

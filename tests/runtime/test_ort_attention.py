@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import assert_folder_states_close, prefill_then_continue, rel_err
 
 pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
@@ -83,20 +83,9 @@ def test_linear_attention_prefill_generates_as_exported(family, tmp_path_factory
     assert a.tokens == b.tokens and rel_err(b.prefill_logits, a.prefill_logits) <= _F32
     first = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (3, 70)]
     more = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (66, 1)]
-    res = []
-    for be in (exported, la):
-        h = state_holder(folder, be)
-        _, st = prefill(folder, be, first, capacity=140, holder=h)
-        logits, st = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [3, 70], holder=h)
-        res.append((logits, {k: v.clone() for k, v in st.items()}))
+    res = [prefill_then_continue(folder, be, state_holder(folder, be), first, more, 140) for be in (exported, la)]
     assert rel_err(res[1][0], res[0][0]) <= _F32
-    for s in folder.states:
-        a_, b_ = res[0][1][s.prefill_input], res[1][1][s.prefill_input]
-        if s.kind == "attention":
-            for i, n in enumerate((69, 71)):
-                assert rel_err(b_[i, :, :n], a_[i, :, :n]) <= _F32, s.prefill_input
-        else:
-            assert rel_err(b_, a_) <= _F32, s.prefill_input
+    assert_folder_states_close(folder, res[1][1], res[0][1], (69, 71), _F32)
     verify_folder(folder.path, folder.meta, hashes=True)
 
 
@@ -128,13 +117,7 @@ def test_forms_continue_prefill(tmp_path_factory):
         res.append((logits, {k: v.clone() for k, v in st.items()}))
     for got in res[1:]:
         assert rel_err(got[0], res[0][0]) <= 1e-5
-        for s in folder.states:
-            a, b = res[0][1][s.prefill_input], got[1][s.prefill_input]
-            if s.kind == "attention":
-                for i, n in enumerate((7, 9)):
-                    assert rel_err(b[i, :, :n], a[i, :, :n]) <= 1e-5, s.prefill_input
-            else:
-                assert rel_err(b, a) <= 1e-5, s.prefill_input
+        assert_folder_states_close(folder, got[1], res[0][1], (7, 9), 1e-5)
 
 
 def test_form_by_provider_and_devices():
@@ -183,10 +166,6 @@ def test_cuda_provider_generation_equals_cpu(family, tmp_path_factory):
     assert rel_err(b.prefill_logits, a.prefill_logits) <= tol
     first = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (5,)]
     more = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (9,)]
-    res = []
-    for be in (cpu, gpu):
-        h = state_holder(folder, be)
-        _, st = prefill(folder, be, first, capacity=16, holder=h)
-        logits, _ = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [5], holder=h)
-        res.append(logits.float().cpu())
+    res = [prefill_then_continue(folder, be, state_holder(folder, be), first, more, 16)[0].float().cpu()
+           for be in (cpu, gpu)]
     assert rel_err(res[1], res[0]) <= tol

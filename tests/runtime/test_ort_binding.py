@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import assert_folder_states_close, prefill_then_continue, rel_err
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -112,7 +112,7 @@ def test_chat_and_continued_prefill_equal_unbound(tmp_path_factory):
     """Three Conversation turns (lengths 5, 1, 4) and a batched continued prefill (two sequences continuing from
     different past lengths: onnxruntime CPU runs them one per call) give the same tokens, logits and states with
     and without binding."""
-    from gdn_deploy.runtime.conversation import Conversation, prefill
+    from gdn_deploy.runtime.conversation import Conversation
     folder, gen = _folder("qwen3_next", tmp_path_factory)
     bound, plain = _backends(folder)
     chats = [Conversation(folder, be, eos_token_ids=[]) for be in (bound, plain)]
@@ -128,20 +128,9 @@ def test_chat_and_continued_prefill_equal_unbound(tmp_path_factory):
         assert rel_err(a, b) <= 1e-6, s.prefill_input
     first = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (3, 7)]
     more = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (4, 2)]
-    res = []
-    for be in (bound, plain):
-        b = bound_states_for(folder, be)
-        _, st = prefill(folder, be, first, capacity=12, holder=b)
-        logits, st = prefill(folder, be, more, {k: v.clone() for k, v in st.items()}, [3, 7], holder=b)
-        res.append((logits, {k: v.clone() for k, v in st.items()}))
+    res = [prefill_then_continue(folder, be, bound_states_for(folder, be), first, more, 12) for be in (bound, plain)]
     assert rel_err(res[0][0], res[1][0]) <= 1e-6
-    for s in folder.states:
-        a, b = res[0][1][s.prefill_input], res[1][1][s.prefill_input]
-        if s.kind == "attention":
-            for i, n in enumerate((7, 9)):
-                assert rel_err(a[i, :, :n], b[i, :, :n]) <= 1e-6
-        else:
-            assert rel_err(a, b) <= 1e-6
+    assert_folder_states_close(folder, res[0][1], res[1][1], (7, 9), 1e-6)
 
 
 def test_standard_attention_form_keeps_the_tensor_path(tmp_path_factory, tmp_path):
