@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+pytest.importorskip("transformers")   # the script reads the config classes' shapes from transformers
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1,
             head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
