@@ -54,12 +54,17 @@ def from_numpy(a: Any) -> Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
+def provider_names(providers: Sequence) -> list[str]:
+    """The execution providers' names of ``providers`` (names, or (name, options) pairs), in order."""
+    return [p if isinstance(p, str) else p[0] for p in providers]
+
+
 def session_settings(providers: Sequence[str]) -> dict[str, Any]:
     """``InferenceSession`` keyword arguments for ``providers`` (names, or (name, options) pairs): with the CUDA
     provider, its options (CUDA_PROVIDER_OPTIONS under the caller's, e.g. ``("CUDAExecutionProvider",
     {"arena_extend_strategy": "kSameAsRequested"})``) and the optimisers our files need off there (see
     CUDA_DISABLED_OPTIMIZERS); nothing extra otherwise."""
-    names = [p if isinstance(p, str) else p[0] for p in providers]
+    names = provider_names(providers)
     if "CUDAExecutionProvider" not in names:
         return {"providers": list(providers)}
     provs = [("CUDAExecutionProvider", {**CUDA_PROVIDER_OPTIONS, **(dict(p[1]) if not isinstance(p, str) else {})})

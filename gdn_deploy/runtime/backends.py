@@ -91,8 +91,8 @@ class OnnxRuntimeBackend:
         # generation keeps the states on this device, bound in place where the graphs allow it (ort_binding.py)
         self.bind_states = bool(bind_states)
         self.in_place_graphs: dict[str, bool] = {}
-        names = [p if isinstance(p, str) else p[0] for p in providers]
-        self.state_device = torch.device("cuda" if "CUDAExecutionProvider" in names else "cpu")
+        from ..export.runtimes import provider_names
+        self.state_device = torch.device("cuda" if "CUDAExecutionProvider" in provider_names(providers) else "cpu")
 
     def _open(self, g: str):
         """The session of graph ``g`` (prefill and decode at start; others, e.g. verify, on first use)."""

@@ -48,8 +48,8 @@ _REWRITE_ON = frozenset({"CUDAExecutionProvider"})
 
 def default_form(providers: Sequence, graph: str) -> str:
     """The form graph ``graph`` loads in on ``providers`` (names or (name, options)): see the module docstring."""
-    names = {p if isinstance(p, str) else p[0] for p in providers}
-    if not _REWRITE_ON & names:
+    from ..export.runtimes import provider_names
+    if not _REWRITE_ON.intersection(provider_names(providers)):
         return "exported"
     return "host_total" if graph in ("prefill", "decode") else "expanded"
 
@@ -58,8 +58,9 @@ def default_prefill_body(providers: Sequence) -> str:
     """The gdn prefill body graphs load with on ``providers``: ``linear_attention`` on the CUDA provider where
     onnxruntime has ``com.microsoft::LinearAttention``, else ``exported``."""
     from ..export.onnx_functions import onnxruntime_has_linear_attention
-    names = {p if isinstance(p, str) else p[0] for p in providers}
-    return "linear_attention" if _REWRITE_ON & names and onnxruntime_has_linear_attention() else "exported"
+    from ..export.runtimes import provider_names
+    on_cuda = bool(_REWRITE_ON.intersection(provider_names(providers)))
+    return "linear_attention" if on_cuda and onnxruntime_has_linear_attention() else "exported"
 
 
 def _la_prefill(model) -> bool:
@@ -68,8 +69,9 @@ def _la_prefill(model) -> bool:
     import onnx
 
     from ..export.onnx_functions import LA_BODY, add_function_bodies, decode_function_body, function_body
-    if function_body(model) in (None, LA_BODY):
-        return function_body(model) == LA_BODY
+    body = function_body(model)
+    if body in (None, LA_BODY):
+        return body == LA_BODY
     trial = onnx.ModelProto()
     trial.CopyFrom(model)                      # weights are external: a copy of the graph only
     try:
