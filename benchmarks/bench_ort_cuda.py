@@ -4,7 +4,8 @@ the states bound on the GPU (IOBinding), beside HF + FLA and our PyTorch model o
   python benchmarks/bench_ort_cuda.py [--config mid] [--precision fp16] [--prefill-lens 1024,8192,32768]
                                       [--decode-batches 1,8] [--decode-prompt 1024] [--new 32] [--repeats 2]
                                       [--profile-len 8192] [--prefill-chunk 4096[,1024...]]
-                                      [--arena next_power_of_two|same_as_requested] [--out DIR]
+                                      [--arena next_power_of_two|same_as_requested]
+                                      [--prefill-body exported|linear_attention] [--out DIR]
 
 A random Hugging Face Qwen3.5 of bench_generate.py's ``--config`` (``mid``: Qwen3.5-0.8B shapes with 4 layers,
 3 GDN + 1 attention, 32K vocabulary) is built, exported with ``--precision`` (fp16 default: onnxruntime's CUDA
