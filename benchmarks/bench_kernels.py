@@ -14,9 +14,10 @@ bf16 matmul TFLOP/s on random data), then:
 - prefill (packed varlen): ours (when the prefill kernel is built), FLA chunk_gated_delta_rule with
   cu_seqlens; reports ms, fraction of the bandwidth floor and of matmul throughput, speedup vs FLA.
   Every case also times ours_prev (the scan the automatic choice picked before the context-parallel scan: the
-  A/B, same run); shard shapes (few heads per GPU after tensor parallelism, K = V = 64 / 256, varlen) also
-  ours_cpauto (scan cp, pass 1 on mma.sync, automatic G: the automatic choice before cp_wg) and ours_cpG /
-  ours_cpwgG (forced to G segments per sequence, --cp-segments; pass 1 on mma.sync / on wgmma).
+  A/B, same run); shard shapes (few heads per GPU after tensor parallelism, K = V = 64 / 256, varlen) and
+  single-sequence cases also ours_cpauto (scan cp, pass 1 on mma.sync, automatic G: the automatic choice before
+  cp_wg) and ours_cpG / ours_cpwgG (forced to G segments per sequence, --cp-segments; pass 1 on mma.sync / on
+  wgmma).
   ms is GPU time: per call, the union of the device intervals recorded by the torch profiler (kernels
   that overlap count once; host launch latency and GPU idle gaps excluded), median of 7 calls; FLA's
   Python launches ~1.1-1.3 ms of host work per call, more than its GPU time below 1x16K, so timing
@@ -471,7 +472,7 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
             except Exception as e:  # noqa: BLE001
                 log(f"  [{name}] ours failed: {type(e).__name__}: {e}")
             variants = {"ours_prev": dict(scan=_prev_scan(kernels, N, Hv, K, V))}
-            if name.startswith("shard"):
+            if name.startswith("shard") or N == 1:
                 variants["ours_cpauto"] = dict(scan="cp", segments=0)  # pass 1 on mma.sync, automatic G
                 variants.update({f"ours_cp{G}": dict(scan="cp", segments=G) for G in cp_segments})
                 if K <= 128:  # pass 1 on wgmma too
@@ -589,7 +590,7 @@ def main(argv=None):
     ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's chunked prefill (SM90 only)")
     ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list)")
     ap.add_argument("--cp-segments", default="4,8,16",
-                    help="forced context-parallel segment counts (shard cases; 0: none)")
+                    help="forced context-parallel segment counts (shard and single-sequence cases; 0: none)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         log("no CUDA device: nothing to benchmark")

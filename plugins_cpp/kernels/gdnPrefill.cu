@@ -192,13 +192,18 @@ bool isCpScan(PrefillScan s)
 // Segments per sequence of the context-parallel scan on a device of `sms` SMs [Context-parallel prefill]: enough
 // that N x G x Hv x V/64 scan CTAs fill the SMs once, segments of at least kCpMinChunks chunks on average, at most
 // kCpMaxSegments; 1 (no context parallelism) below kCpMinSegments or where the one-pass scan's CTAs fill more than
-// 1/kCpCtaShare of the SMs. Shapes only (no read of cu_seqlens).
+// 1/cpCtaShare of the SMs. Shapes only (no read of cu_seqlens).
+int cpCtaShare(GdnPrefillParams const& p)
+{
+    return cfg::kCpPass1Wg && p.K <= 128 ? cfg::kCpCtaShareWg : cfg::kCpCtaShare;
+}
+
 int cpSegments(GdnPrefillParams const& p, int sms)
 {
     if (p.ioType == DType::kFloat32 || p.N <= 0)
         return 1;
     int64_t const ctas = int64_t(p.N) * p.Hv * (p.V / 64);
-    if (ctas * cfg::kCpCtaShare > sms)
+    if (ctas * cpCtaShare(p) > sms)
         return 1;
     int64_t g = std::min<int64_t>(sms / std::max<int64_t>(ctas, 1), int64_t(p.T) / kC / p.N / cfg::kCpMinChunks);
     g = std::min<int64_t>(g, cfg::kCpMaxSegments);
@@ -211,7 +216,7 @@ int cpSegments(GdnPrefillParams const& p, int sms)
 int64_t cpAutoSlots(GdnPrefillParams const& p)
 {
     int64_t const headCtas = int64_t(p.Hv) * (p.V / 64);  // scan CTAs per sequence
-    if (p.ioType == DType::kFloat32 || p.N <= 0 || headCtas * cfg::kCpCtaShare > cfg::kCpSmBound)
+    if (p.ioType == DType::kFloat32 || p.N <= 0 || headCtas * cpCtaShare(p) > cfg::kCpSmBound)
         return 0;  // (no N gets context parallelism on any device up to kCpSmBound SMs)
     int64_t s = std::min<int64_t>(int64_t(p.N) * cfg::kCpMaxSegments, cfg::kCpSmBound / (int64_t(p.Hv) * (p.V / 64)));
     s = std::min<int64_t>(s, int64_t(p.T) / kC / cfg::kCpMinChunks);

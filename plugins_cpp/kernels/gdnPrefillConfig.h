@@ -73,8 +73,11 @@ constexpr int kBesideSmShare = 2;
 // this gives G >= kCpMinSegments and kCpAuto
 constexpr int kCpMaxSegments = 16;
 constexpr int kCpMinSegments = 4;
-// ... and only where the one-pass scan's CTAs fill at most 1/kCpCtaShare of the SMs (Hk=4 Hv=16, 32 CTAs at 4
-// segments, was slower: 1x64K 1.183 against 1.029 ms).
+// ... and only where the one-pass scan's CTAs fill at most 1/kCpCtaShare of the SMs. With pass 1 on wgmma (K <= 128)
+// 1/4: Hk=4 Hv=16 (32 CTAs) at 4 segments took 0.820 against 1.038 ms at 1x64K and 0.130 against 0.148 at 1x8K on an
+// H200, while Qwen3-Next's 64 CTAs lost at every G (1x64K 1.658 at G = 2 against 1.119). With pass 1 on mma.sync
+// (K = 256) 1/8: Hk=4 Hv=16 at 4 segments was slower there (1x64K 1.183 against 1.029 ms on an H100).
+constexpr int kCpCtaShareWg = 4;
 constexpr int kCpCtaShare = 8;
 constexpr int kCpMinChunks = 32;
 constexpr bool kCpAuto = true;
