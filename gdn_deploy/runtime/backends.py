@@ -91,6 +91,7 @@ class OnnxRuntimeBackend:
         # generation keeps the states on this device, bound in place where the graphs allow it (ort_binding.py)
         self.bind_states = bool(bind_states)
         self.in_place_graphs: dict[str, bool] = {}
+        self.in_place_recurrent: dict[str, frozenset] = {}
         from ..export.runtimes import provider_names
         self.state_device = torch.device("cuda" if "CUDAExecutionProvider" in provider_names(providers) else "cpu")
 

@@ -1,7 +1,8 @@
 """States bound to onnxruntime in place (gdn_deploy/runtime/ort_binding.py): generation, chat and continued prefill
 with binding equal the tensor-in, tensor-out path on every family; the KV caches are one buffer across steps (the
 GroupQueryAttention kernel's shared past/present path: slots it does not write keep their contents, which the
-unshared path clears); GDN states alternate between two buffers; graphs of the standard-Attention form keep the
+unshared path clears); GDN recurrent states of the fused decode step are one buffer too, the other GDN states
+alternate between two buffers; graphs of the standard-Attention form keep the
 old path."""
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def test_caches_are_updated_in_place(tmp_path_factory):
     """Decode steps through BoundStates: each KV cache stays the same tensor (same storage) across steps; a value
     planted in a slot no position reaches survives (the kernel took the shared-buffer path: the unshared path
     zero-fills the present cache, as the plain run shows); each step's logits and cache rows equal the plain
-    run's; GDN states alternate between two buffers, never input and output at once."""
+    run's; GDN conv states alternate between two buffers, recurrent states of the fused (LinearAttention) decode
+    step stay in one buffer (the CPU kernel updates them in place) and equal the plain run's."""
     folder, gen = _folder("qwen3_5", tmp_path_factory)
     bound_be, plain = _backends(folder)
     prompts = [torch.randint(0, 96, (L,), generator=gen).tolist() for L in (3, 9)]
@@ -80,6 +82,10 @@ def test_caches_are_updated_in_place(tmp_path_factory):
     ptrs = {k: v.data_ptr() for k, v in caches.items()}
     gdn_ptrs = {s.decode_input: {bound.current[s.decode_input].data_ptr(), bound.spare[s.decode_input].data_ptr()}
                 for s in gdn}
+    fused = folder.meta["graphs"]["decode"].get("decode_body") == "linear_attention"
+    rec = {s.decode_input for s in gdn if s.role == "recurrent"}
+    assert bound.in_place_recurrent["decode"] == (rec if fused else set())     # the fused step's states
+    assert not bound.in_place_recurrent["prefill"]
     for k, x in caches.items():                  # no position reaches slot S-1 in these steps
         x[:, :, S - 1] = 1234.5
         plain_states[k] = plain_states[k].clone()
@@ -102,7 +108,10 @@ def test_caches_are_updated_in_place(tmp_path_factory):
                 assert rel_err(x[i, :, :n + 1], p[i, :, :n + 1]) <= 1e-6
         for s in gdn:
             now = bound.current[s.decode_input].data_ptr()
-            assert now != before[s.decode_input] and now in gdn_ptrs[s.decode_input]
+            if s.decode_input in bound.in_place_recurrent["decode"]:
+                assert now == before[s.decode_input]
+            else:
+                assert now != before[s.decode_input] and now in gdn_ptrs[s.decode_input]
             assert rel_err(bound.current[s.decode_input], res[s.decode_output]) <= 1e-6
         positions = [n + 1 for n in positions]
         tokens = [int(t) for t in out["logits"].argmax(-1)]
