@@ -5,7 +5,7 @@ the states bound on the GPU (IOBinding), beside HF + FLA and our PyTorch model o
                                       [--decode-batches 1,8] [--decode-prompt 1024] [--new 32] [--repeats 2]
                                       [--profile-len 8192] [--prefill-chunk 4096[,1024...]]
                                       [--arena next_power_of_two|same_as_requested]
-                                      [--prefill-body exported|linear_attention] [--out DIR]
+                                      [--prefill-body exported,linear_attention] [--out DIR]
 
 A random Hugging Face Qwen3.5 of bench_generate.py's ``--config`` (``mid``: Qwen3.5-0.8B shapes with 4 layers,
 3 GDN + 1 attention, 32K vocabulary) is built, exported with ``--precision`` (fp16 default: onnxruntime's CUDA
@@ -68,12 +68,12 @@ def _sync_time(fn):
     return time.perf_counter() - t0, out
 
 
-def _ort_backend(folder, bind_states=True, profile=False, form=None):
+def _ort_backend(folder, bind_states=True, profile=False, form=None, body=None):
     from gdn_deploy.runtime.backends import OnnxRuntimeBackend
     provs = [(p, {"arena_extend_strategy": ARENA[_ARGS.arena]}) if p == "CUDAExecutionProvider" else p
              for p in PROVIDERS]
     be = OnnxRuntimeBackend(folder, providers=provs, bind_states=bind_states, attention_form=form,
-                            prefill_body=_ARGS.prefill_body)
+                            prefill_body=body or _ARGS.prefill_body)
     if profile:
         be.options.enable_profiling = True
         be.sessions.pop("prefill")
@@ -129,9 +129,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-chunk", default="4096",
                     help="comma list: also time each prompt longer than a size fed in continued pieces of that many "
                          "tokens (generate's prefill_chunk; 0: one call only)")
-    ap.add_argument("--prefill-body", default=None, choices=["exported", "linear_attention"],
-                    help="the gdn prefill body the sessions load (runtime/ort_attention.py; default: the CUDA "
-                         "provider's default, linear_attention where onnxruntime has it)")
+    ap.add_argument("--prefill-body", default=None,
+                    help="comma list of the gdn prefill bodies the sessions load (runtime/ort_attention.py: "
+                         "exported, linear_attention), each prefill row timed with each in turn on a fresh backend "
+                         "(an A/B in one process; decode and the profile use the first); default: the CUDA "
+                         "provider's default, linear_attention where onnxruntime has it")
     ap.add_argument("--arena", default="next_power_of_two", choices=sorted(ARENA),
                     help="the CUDA provider's arena_extend_strategy (onnxruntime's default: next_power_of_two)")
     ap.add_argument("--form-check", type=int, default=1,
@@ -141,7 +143,11 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke run of this script on onnxruntime's CPU provider (no torch/HF rows)")
     args = ap.parse_args(argv)
-    _ARGS.arena, _ARGS.prefill_body = args.arena, args.prefill_body
+    bodies = [b for b in (args.prefill_body or "").split(",") if b] or [None]
+    bad = [b for b in bodies if b not in (None, "exported", "linear_attention")]
+    if bad:
+        ap.error(f"--prefill-body: {bad[0]!r} is not exported or linear_attention")
+    _ARGS.arena, _ARGS.prefill_body = args.arena, bodies[0]
     if args.device == "cpu":
         PROVIDERS[:] = ["CPUExecutionProvider"]
     lens = [int(x) for x in args.prefill_lens.split(",") if x]
@@ -190,35 +196,38 @@ def main(argv=None) -> int:
     # ---- onnxruntime CUDA -------------------------------------------------------------------------------
     # every (length, prefill form) on a fresh backend: onnxruntime's arena keeps its peak, so the memory held after
     # a call is that call's peak only when nothing bigger ran in the same sessions before it
-    first_logits = None
+    first_logits, body_logits = None, {}
     chunks = [int(x) for x in args.prefill_chunk.split(",") if x and int(x) > 0]
-    for L in lens:
-        for c in [None] + [c for c in chunks if L > c]:
-            base = _gpu_used()
-            try:
-                be = _ort_backend(folder)
-                session_bytes = _gpu_used() - base
-                kw = {"prefill_chunk": c} if c else {}
-                generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)          # warm-up at this length
-                ts = []
-                for _ in range(args.repeats):
-                    r = generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)
-                    ts.append(r.prefill_seconds)
-                if first_logits is None:
-                    first_logits = r.prefill_logits[0].double()
-                    rows["env"]["prefill_body"] = be.prefill_bodies.get("prefill")
-                row = dict(tokens=L, chunk=c, ort_s=statistics.median(ts), ort_held_bytes=_gpu_used() - base,
-                           ort_session_bytes=session_bytes,
-                           need_bytes=weights + state_bytes(ours16, L + 1),
-                           tt_scores_bytes=4 * L * L * max(a.self_attn.num_heads for a in ours16.layers
-                                                            if a.layer_type != "linear_attention"))
-            except Exception as e:  # noqa: BLE001  (report the failure at this length, go on)
-                row = dict(tokens=L, chunk=c, ort_error=str(e).splitlines()[0][:300],
-                           ort_held_bytes=_gpu_used() - base)
-            be = None
-            gc.collect()
-            rows["prefill"].append(row)
-            print(row, flush=True)
+    for L, c, body in [(L, c, b) for L in lens for c in [None] + [c for c in chunks if L > c] for b in bodies]:
+        base = _gpu_used()
+        try:
+            be = _ort_backend(folder, body=body)
+            session_bytes = _gpu_used() - base
+            kw = {"prefill_chunk": c} if c else {}
+            generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)          # warm-up at this length
+            ts = []
+            for _ in range(args.repeats):
+                r = generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)
+                ts.append(r.prefill_seconds)
+            loaded = be.prefill_bodies.get("prefill")
+            if first_logits is None:
+                first_logits = r.prefill_logits[0].double()
+                rows["env"]["prefill_body"] = loaded
+            if L == lens[0] and not c:
+                body_logits.setdefault(loaded, r.prefill_logits[0].double())
+            row = dict(tokens=L, chunk=c, body=loaded, ort_s=statistics.median(ts),
+                       ort_held_bytes=_gpu_used() - base,
+                       ort_session_bytes=session_bytes,
+                       need_bytes=weights + state_bytes(ours16, L + 1),
+                       tt_scores_bytes=4 * L * L * max(a.self_attn.num_heads for a in ours16.layers
+                                                        if a.layer_type != "linear_attention"))
+        except Exception as e:  # noqa: BLE001  (report the failure at this length, go on)
+            row = dict(tokens=L, chunk=c, body=body, ort_error=str(e).splitlines()[0][:300],
+                       ort_held_bytes=_gpu_used() - base)
+        be = None
+        gc.collect()
+        rows["prefill"].append(row)
+        print(row, flush=True)
     if args.form_check:        # the other attention forms (runtime/ort_attention.py) at the first length
         for form in ("exported", "expanded"):
             try:
@@ -282,12 +291,16 @@ def main(argv=None) -> int:
         gl = rows["env"].pop(f"{form}_logits", None)
         if gl is not None:
             rows["env"][f"ort_{form}_logits_rel_err_vs_hf_fp32"] = float((gl - ref).norm() / ref.norm())
+    for body, gl in body_logits.items():
+        rows["env"][f"ort_{body}_body_logits_rel_err_vs_hf_fp32"] = float((gl - ref).norm() / ref.norm())
     hf16 = hf32.to(torch.bfloat16)
     del hf32
+    done = set()
     for row in rows["prefill"]:
-        if row.get("chunk"):                        # ours / HF once per length, on the one-call row
+        if row.get("chunk") or row["tokens"] in done:      # ours / HF once per length, on its first one-call row
             continue
         L = row["tokens"]
+        done.add(L)
         ids = torch.tensor([prompt[L]], device="cuda")
         with torch.no_grad():
             if have_kernels:
@@ -325,16 +338,18 @@ def main(argv=None) -> int:
               if f"ort_{form}_logits_rel_err_vs_hf_fp32" in e else
               (f"; {form} form: {e[f'{form}_error']}" if f"{form}_error" in e else "")
               for form in ("exported", "expanded")), "",
-          f"onnxruntime CUDA arena: {args.arena}; gdn prefill body: {e.get('prefill_body', '?')}", "",
-          "| prefill tokens | fed as | onnxruntime CUDA s | GPU memory held: sessions / after (GB) | weights + "
+          f"onnxruntime CUDA arena: {args.arena}; gdn prefill body (decode rows): {e.get('prefill_body', '?')}"
+          + "".join(f"; logits with the {b} body vs HF float32: {e[k]:.2e}" for b in body_logits
+                    if (k := f"ort_{b}_body_logits_rel_err_vs_hf_fp32") in e), "",
+          "| prefill tokens | fed as | gdn body | onnxruntime CUDA s | GPU memory held: sessions / after (GB) | weights + "
           "states (GB) | [T, T] fp32 scores of all heads (GB) | ours (PyTorch + gdn kernels, bf16) s | HF + FLA "
-          "(bf16) s | HF peak activations (GB) |", "|---|---|---|---|---|---|---|---|---|"]
+          "(bf16) s | HF peak activations (GB) |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "–"
     for r in rows["prefill"]:
         md.append(f"| {r['tokens']} | {'one call' if not r.get('chunk') else 'pieces of ' + str(r['chunk'])} | "
-                  f"{f(r.get('ort_s'), '.3f') if 'ort_s' in r else r.get('ort_error')} | "
+                  f"{r.get('body') or '–'} | {f(r.get('ort_s'), '.3f') if 'ort_s' in r else r.get('ort_error')} | "
                   f"{f(r.get('ort_session_bytes', float('nan')) / 1e9, '.2f')} / {r['ort_held_bytes'] / 1e9:.2f} | "
                   f"{f(r.get('need_bytes', 0) / 1e9, '.2f')} | "
                   f"{f(r.get('tt_scores_bytes', 0) / 1e9, '.1f')} | {f(r.get('ours_s'), '.4f')} | "
