@@ -439,7 +439,7 @@ def _prev_scan(kernels, N, Hv, K, V) -> str:
 
 
 def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str = "", cp_segments=(4, 8, 16),
-                  fi_chunk=None):
+                  fi_chunk=None, scans=()):
     cases = [("qwen3next 1x4K", [4096]), ("qwen3next 1x16K", [16384]), ("qwen3next 16x1K", [1024] * 16),
              ("qwen3next ragged", [1, 63, 64, 65, 1000, 3000, 17, 2048, 129, 4096])]
     if not quick:
@@ -472,6 +472,7 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
             except Exception as e:  # noqa: BLE001
                 log(f"  [{name}] ours failed: {type(e).__name__}: {e}")
             variants = {"ours_prev": dict(scan=_prev_scan(kernels, N, Hv, K, V))}
+            variants.update({f"ours_{s}": dict(scan=s) for s in scans})
             if name.startswith("shard") or N == 1:
                 variants["ours_cpauto"] = dict(scan="cp", segments=0)  # pass 1 on mma.sync, automatic G
                 variants.update({f"ours_cp{G}": dict(scan="cp", segments=G) for G in cp_segments})
@@ -589,6 +590,9 @@ def main(argv=None):
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's chunked prefill (SM90 only)")
     ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list)")
+    ap.add_argument("--scans", default="",
+                    help="comma list of prefill scans to time too in every case, as ours_<scan> (e.g. "
+                         "wgmma,wgmma_beside,mma4; the library's names: gdn_deploy.kernels.library.prefill_scan_names)")
     ap.add_argument("--cp-segments", default="4,8,16",
                     help="forced context-parallel segment counts (shard and single-sequence cases; 0: none)")
     a = ap.parse_args(argv)
@@ -617,7 +621,8 @@ def main(argv=None):
             bench_verify(ceil, a.quick, kernels)
         if "prefill" in sections:
             bench_prefill(ceil, a.quick, kernels, fla_chunk, a.cases,
-                          tuple(int(x) for x in a.cp_segments.split(",") if x and int(x) > 0), fi_chunk)
+                          tuple(int(x) for x in a.cp_segments.split(",") if x and int(x) > 0), fi_chunk,
+                          tuple(x for x in a.scans.split(",") if x))
     finally:
         write(Path(a.out), meta)
         summary()
