@@ -160,3 +160,31 @@ def test_standard_attention_form_keeps_the_tensor_path(tmp_path_factory, tmp_pat
     m.graph.node.append(onnx.helper.make_node("Identity", [key], ["extra_reader"]))
     onnx.save(m, str(tmp_path / "decode2.onnx"))
     assert not in_place_caches(tmp_path / "decode2.onnx", folder.states, "decode")
+
+
+def test_recurrent_state_in_place_only_where_safe(tmp_path_factory, tmp_path):
+    """in_place_recurrent takes the fused decode step's recurrent states and nothing else: not when another op also
+    reads the state, not when the state output is not the LinearAttention node's present_state, never conv states
+    or KV caches, and not the prefill graph (the chunked body reads the state in several ops)."""
+    import onnx
+
+    from gdn_deploy.runtime.ort_binding import in_place_recurrent
+    folder, _ = _folder("qwen3_5", tmp_path_factory)
+    src = folder.graph_file("decode")
+    rec = [s.decode_input for s in folder.states if s.kind == "gdn" and s.role == "recurrent"]
+    fused = folder.meta["graphs"]["decode"].get("decode_body") == "linear_attention"
+    assert in_place_recurrent(src, folder.states, "decode") == (set(rec) if fused else set())
+    assert not in_place_recurrent(folder.graph_file("prefill"), folder.states, "prefill")
+    if not fused:
+        pytest.skip("this onnxruntime has no LinearAttention: the decode graphs hold the standard-op step")
+    m = onnx.load(str(src), load_external_data=False)
+    m.graph.node.append(onnx.helper.make_node("Identity", [rec[0]], ["extra_reader"]))
+    onnx.save(m, str(tmp_path / "decode_reader.onnx"))
+    assert in_place_recurrent(tmp_path / "decode_reader.onnx", folder.states, "decode") == set(rec[1:])
+    m = onnx.load(str(src), load_external_data=False)
+    out = next(s.decode_output for s in folder.states if s.decode_input == rec[0])
+    node = next(n for n in m.graph.node if out in n.output)
+    node.output[list(node.output).index(out)] = "state_before_copy"
+    m.graph.node.append(onnx.helper.make_node("Identity", ["state_before_copy"], [out]))
+    onnx.save(m, str(tmp_path / "decode_copy.onnx"))
+    assert in_place_recurrent(tmp_path / "decode_copy.onnx", folder.states, "decode") == set(rec[1:])
