@@ -181,6 +181,24 @@ def _renamed_state(name: str, layer: int) -> str:
     return f"{_STATE_NAME.match(name).group(1)}_{layer}"
 
 
+def _state_output_tail(node, state_layers: dict, segment: dict, layer: int) -> bool:
+    """Whether ``node`` only turns values of reduced layer ``layer`` into that layer's state outputs: its outputs
+    feed no node and are graph outputs of states, and its inputs are graph inputs, initializers, constants or
+    values made in segments up to ``layer``. torch.export places the casts of bf16 models' new states (to the
+    float32 state outputs) after the last layer; such a node belongs to its layer's segment."""
+    for o in node.outputs:
+        if list(o.uses()) or not o.is_graph_output() or state_layers.get(o.name) != layer:
+            return False
+    for v in node.inputs:
+        if v is None:
+            continue
+        p = v.producer()
+        if p is not None and segment.get(id(p), layer + 1) > layer:
+            return False
+    return True
+
+
+
 def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
                  make_initializer: Callable[[str, Any], Any]) -> int:
     """Turn the translated graph of the reduced model (``onnx_ir.Model`` with ``LayerEnd`` markers; layer ``r``
@@ -229,6 +247,9 @@ def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
                 raise NotStampable(f"a node {node.op_type} of layer {t} reads values of layer {min(ts)}")
         for o in node.outputs:
             tag[id(o)] = t
+        if t is not None and t < seg and _state_output_tail(node, state_layers, segment, t):
+            segment[id(node)] = t          # a cast of layer t's new state placed after later layers: move it back
+            continue
         if t is not None and t != seg:
             raise NotStampable(f"a node {node.op_type} of layer {t} is traced among layer {seg}'s")
         if seg == R and t is not None and t != R:
@@ -239,6 +260,7 @@ def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
     reduced_states = [(v, v.name) for v in graph.inputs if state_layers.get(v.name) is not None]
     head_outputs = [v for v in graph.outputs if state_layers.get(v.name) is None]
     state_out = {id(v) for v in graph.outputs if state_layers.get(v.name) is not None}
+    out_rank = {id(v): k for k, v in enumerate(graph.outputs)}     # each layer's state outputs in traced order
     by_segment: dict[int, list] = {}
     for node in nodes:
         if (node.domain, node.op_type) != LAYER_END:
@@ -270,6 +292,7 @@ def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
                               const_value=make_initializer(new_name, v))
                 graph.register_initializer(nv)
                 env[id(v)] = nv
+        layer_outputs = []
         for node in by_segment.get(r, []):
             if not node.outputs or tag[id(node.outputs[0])] is None:
                 if first:
@@ -287,11 +310,12 @@ def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
                 no.shape = o.shape.copy() if o.shape is not None else None
                 if id(o) in state_out:
                     no.name = _renamed_state(o.name, i)
-                    new_outputs.append(no)
+                    layer_outputs.append((out_rank[id(o)], no))
                 else:
                     no.name = f"{o.name}__layer{i}"
                 env[id(o)] = no
             order.append(new)
+        new_outputs += [no for _, no in sorted(layer_outputs, key=lambda x: x[0])]
         hidden = env[id(markers[r].inputs[0])]
     last_out = markers[R - 1].outputs[0]
     for node in by_segment.get(R, []):

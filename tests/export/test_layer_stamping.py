@@ -35,19 +35,19 @@ LAYERS = (tiny.LAYERS * 2)[:7]      # lin full lin lin full lin full: layers 0 a
 _CACHE: dict = {}
 
 
-def _exports(family, tmp_path_factory):
-    if family not in _CACHE:
+def _exports(family, tmp_path_factory, precision="fp32"):
+    if (family, precision) not in _CACHE:
         gen = torch.Generator().manual_seed(seed_for(f"layer_stamping::{family}"))
-        root = tmp_path_factory.mktemp(f"stamp_{family}")
+        root = tmp_path_factory.mktemp(f"stamp_{family}_{precision}")
         hf = tiny.build(family, gen, num_hidden_layers=len(LAYERS), layer_types=list(LAYERS),
                         **tiny.EPS_CONDITIONED)
         tiny.save(hf, root / "hf")
         target = load_targets(str(root / "hf"))[0]
         logs: list[str] = []
-        stamped = export_model(target, root / "stamped", ExportOptions(), log=logs.append)
-        full = export_model(target, root / "full", ExportOptions(stamp=False, verify=False))
-        _CACHE[family] = (target, stamped, full, logs, gen)
-    return _CACHE[family]
+        stamped = export_model(target, root / "stamped", ExportOptions(precision=precision), log=logs.append)
+        full = export_model(target, root / "full", ExportOptions(precision=precision, stamp=False, verify=False))
+        _CACHE[family, precision] = (target, stamped, full, logs, gen)
+    return _CACHE[family, precision]
 
 
 def _canonical(path):
@@ -145,6 +145,60 @@ def test_stamped_graphs_run_as_traced(family, tmp_path_factory):
             g, r = torch.from_numpy(got[name]).double(), torch.from_numpy(ref[name]).double()
             assert torch.isfinite(r).all() and r.abs().sum() > 0, f"{graph} {name}: reference is zero or not finite"
             assert rel_err(g, r) <= 1e-6, f"{family} {graph} {name}: rel {rel_err(g, r):.1e}"
+
+
+_TYPES = {"tensor(float)": (torch.float32, 1), "tensor(bfloat16)": (torch.bfloat16, 16),
+          "tensor(float16)": (torch.float16, 10), "tensor(int64)": (torch.int64, 7), "tensor(int32)": (torch.int32, 6)}
+
+
+def _run_any_dtype(sess, feed):
+    """Run ``sess`` on torch ``feed`` (cast to each input's type, bfloat16 included) through IOBinding; the
+    outputs as torch tensors."""
+    import ctypes
+    binding, keep = sess.io_binding(), []
+    for i in sess.get_inputs():
+        dt, code = _TYPES[i.type]
+        t = feed[i.name].to(dt).contiguous()
+        keep.append(t)
+        binding.bind_input(i.name, "cpu", 0, code, list(t.shape), t.data_ptr())
+    for o in sess.get_outputs():
+        binding.bind_output(o.name, "cpu")
+    sess.run_with_iobinding(binding)
+    out = {}
+    for o, v in zip(sess.get_outputs(), binding.get_outputs()):
+        dt, _ = _TYPES[o.type]
+        shape = v.shape()
+        n = int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+        raw = bytes((ctypes.c_char * n).from_address(v.data_ptr())) if n else b""
+        out[o.name] = torch.frombuffer(bytearray(raw), dtype=dt).reshape(shape).clone() if n else \
+            torch.empty(shape, dtype=dt)
+    return out
+
+
+def test_bf16_stamped_runs_as_traced(tmp_path_factory):
+    """bf16: torch.export casts each layer's new conv state to the float32 state output after the last layer; the
+    casts are stamped with their layers. The export's own check passes (every output and state against float32
+    PyTorch), inputs and outputs come in the traced graphs' order, the nodes are the traced graphs' but for Casts
+    the optimizer folds differently (of constants), and both graphs give the same outputs and states on fresh
+    ragged prompts and a decode step (onnxruntime CPU computing the bf16 graphs in float32)."""
+    from collections import Counter
+
+    from gdn_deploy.export.bf16_cpu import cpu_session
+    target, stamped, full, logs, gen = _exports("qwen3_5", tmp_path_factory, "bf16")
+    assert sum("traced 2 of 7 layers ([0, 1])" in line for line in logs) == 2, logs
+    assert stamped.verification and all(r["ok"] for rows in stamped.verification.values() for r in rows)
+    for graph, feed in (("prefill", _prefill_feed(target.module, gen)), ("decode", _decode_feed(target.module, gen))):
+        a, b = (onnx.load(str(d.outdir / f"{graph}.onnx"), load_external_data=False) for d in (stamped, full))
+        for part in ("input", "output"):
+            assert [v.name for v in getattr(a.graph, part)] == [v.name for v in getattr(b.graph, part)], part
+        ops = [Counter((n.domain, n.op_type) for n in m.graph.node if n.op_type != "Cast") for m in (a, b)]
+        assert ops[0] == ops[1], f"{graph}: {ops[0] - ops[1]} / {ops[1] - ops[0]}"
+        got, ref = (_run_any_dtype(cpu_session(d.outdir / f"{graph}.onnx"), feed) for d in (stamped, full))
+        assert list(got) == list(ref)
+        for name in ref:
+            g, r = got[name].double(), ref[name].double()
+            assert torch.isfinite(r).all() and r.abs().sum() > 0, f"{graph} {name}: reference is zero or not finite"
+            assert rel_err(g, r) <= 1e-6, f"bf16 {graph} {name}: rel {rel_err(g, r):.1e}"
 
 
 def _load(hf, tmp_path):
