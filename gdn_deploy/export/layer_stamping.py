@@ -198,7 +198,6 @@ def _state_output_tail(node, state_layers: dict, segment: dict, layer: int) -> b
     return True
 
 
-
 def stamp_layers(model: Any, plan: StampPlan, state_layers: dict[str, int],
                  make_initializer: Callable[[str, Any], Any]) -> int:
     """Turn the translated graph of the reduced model (``onnx_ir.Model`` with ``LayerEnd`` markers; layer ``r``

@@ -16,7 +16,8 @@ present_state is also bound as both input and output on the CPU provider (:func:
 CPU kernel (1.32) then updates the state where it is instead of first copying 16 MB per layer at batch 16
 (``[16, 16, 128, 128]`` float32) into a fresh output; the single-node step costs half. Every other GDN state (conv
 states, the standard-op decode body, prefill bodies, the CUDA provider, whose kernels' aliasing is not documented)
-has two preallocated tensors, one bound as the input and the other as the output, exchanged after every call. Logits are written into a preallocated tensor. The tensors are torch tensors on the backend's state device
+has two preallocated tensors, one bound as the input and the other as the output, exchanged after every call.
+Logits are written into a preallocated tensor. The tensors are torch tensors on the backend's state device
 (``cpu``, or ``cuda`` under the CUDA provider), bound by pointer, so the same code serves both providers.
 
 Folders whose onnxruntime graphs use the standard-Attention form (head sizes GroupQueryAttention refuses), bf16
@@ -34,42 +35,21 @@ from .folder import ExportFolder, StateSpec
 from .ort_attention import TOTAL_INPUT
 from .states import StateHolder
 
-__all__ = ["BoundStates", "bound_states_for", "in_place_caches", "in_place_recurrent", "GQA_OP", "LA_OP"]
+__all__ = ["BoundStates", "bound_states_for", "in_place_caches", "in_place_recurrent", "GQA_OP"]
 
 GQA_OP = "com.microsoft::GroupQueryAttention"
-LA_OP = "com.microsoft::LinearAttention"
 _ONNX_TYPE = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, torch.int64: 7, torch.bool: 9,
               torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}
 _TORCH_TYPE = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
 
 
-def in_place_caches(path, states: list[StateSpec], graph: str) -> bool:
-    """True when graph file ``path`` feeds every attention state input straight into a GroupQueryAttention's
-    past_key/past_value and returns that node's present_key/present_value as the state's output (both bindable to
-    one buffer) and nothing else reads the cache's data, and every state name is a graph input and output."""
+def _graph_model(path_or_model):
+    """The ModelProto of a graph file (its external weights not loaded), or the ModelProto given."""
     import onnx
-    m = onnx.load(str(path), load_external_data=False)
-    g = m.graph
-    ins, outs = {i.name for i in g.input}, {o.name for o in g.output}
-    names = [(s.prefill_input, s.prefill_output) if graph == "prefill" else (s.decode_input, s.decode_output)
-             for s in states]
-    if any(i not in ins or o not in outs for i, o in names):
-        return False
-    pairs = set()
-    for n in g.node:
-        if n.domain == "com.microsoft" and n.op_type == "GroupQueryAttention" and len(n.input) >= 5 \
-                and len(n.output) >= 3:
-            pairs.update({(n.input[3], n.output[1]), (n.input[4], n.output[2])})
-    readers: dict[str, int] = {}                  # nodes reading a tensor's data (Shape/Size read only its shape)
-    for n in g.node:
-        if n.domain in ("", "ai.onnx") and n.op_type in ("Shape", "Size"):
-            continue
-        for x in n.input:
-            readers[x] = readers.get(x, 0) + 1
-    for s, (i, o) in zip(states, names):
-        if s.kind == "attention" and ((i, o) not in pairs or readers.get(i, 0) != 1):
-            return False
-    return True
+    if isinstance(path_or_model, onnx.ModelProto):
+        return path_or_model
+    return onnx.load(str(path_or_model), load_external_data=False)
+
 
 def _data_readers(nodes) -> dict[str, list]:
     """Tensor name -> the (node, input index) pairs that read its data (Shape/Size read only its shape)."""
@@ -83,37 +63,63 @@ def _data_readers(nodes) -> dict[str, list]:
     return readers
 
 
-def _la_past(nodes, functions, name: str, depth: int = 0):
+def in_place_caches(path, states: list[StateSpec], graph: str) -> bool:
+    """True when graph file ``path`` (or its ModelProto) feeds every attention state input straight into a
+    GroupQueryAttention's past_key/past_value and returns that node's present_key/present_value as the state's output
+    (both bindable to one buffer) and nothing else reads the cache's data, and every state name is a graph input and
+    output."""
+    g = _graph_model(path).graph
+    ins, outs = {i.name for i in g.input}, {o.name for o in g.output}
+    names = [(s.prefill_input, s.prefill_output) if graph == "prefill" else (s.decode_input, s.decode_output)
+             for s in states]
+    if any(i not in ins or o not in outs for i, o in names):
+        return False
+    pairs = set()
+    for n in g.node:
+        if n.domain == "com.microsoft" and n.op_type == "GroupQueryAttention" and len(n.input) >= 5 \
+                and len(n.output) >= 3:
+            pairs.update({(n.input[3], n.output[1]), (n.input[4], n.output[2])})
+    readers = _data_readers(g.node)
+    for s, (i, o) in zip(states, names):
+        if s.kind == "attention" and ((i, o) not in pairs or len(readers.get(i, ())) != 1):
+            return False
+    return True
+
+
+def _la_past(nodes, functions, readers: dict, name: str, depth: int = 0):
     """The LinearAttention node whose past_state is tensor ``name`` of ``nodes`` and the name of its present_state
     output in ``nodes``' scope, when that node (reached directly, through one float32 Cast, or inside the function
-    body of a node in ``functions``) is the only reader of ``name``'s data; else None."""
-    readers = _data_readers(nodes).get(name, [])
-    if len(readers) != 1 or depth > 3:
+    body of a node in ``functions``) is the only reader of ``name``'s data; else None. ``readers``: each scope's
+    :func:`_data_readers`, by ``id(nodes)``, filled on first use."""
+    if id(nodes) not in readers:
+        readers[id(nodes)] = _data_readers(nodes)
+    found = readers[id(nodes)].get(name, [])
+    if len(found) != 1 or depth > 3:
         return None
-    n, j = readers[0]
+    n, j = found[0]
     if n.domain == "com.microsoft" and n.op_type == "LinearAttention":
         return (n, n.output[1]) if j == 3 and len(n.output) > 1 else None
     if n.domain in ("", "ai.onnx") and n.op_type == "Cast":
         to = next((a.i for a in n.attribute if a.name == "to"), None)
-        return _la_past(nodes, functions, n.output[0], depth + 1) if to == 1 else None   # to float32
+        return _la_past(nodes, functions, readers, n.output[0], depth + 1) if to == 1 else None   # to float32
     f = functions.get((n.domain, n.op_type))
     if f is None or j >= len(f.input):
         return None
-    inner = _la_past(f.node, functions, f.input[j], depth + 1)
+    inner = _la_past(f.node, functions, readers, f.input[j], depth + 1)
     if inner is None or inner[1] not in f.output:
         return None
     return inner[0], n.output[list(f.output).index(inner[1])]
 
 
 def in_place_recurrent(path, states: list[StateSpec], graph: str) -> frozenset:
-    """The float32 GDN recurrent states (by decode input name) that graph file ``path`` reads only as a
-    LinearAttention node's past_state and returns straight as that node's present_state: bound as one buffer, the
-    CPU kernel updates them where they are."""
-    import onnx
-    m = onnx.load(str(path), load_external_data=False)
+    """The float32 GDN recurrent states (by decode input name) that graph file ``path`` (or its ModelProto) reads
+    only as a LinearAttention node's past_state and returns straight as that node's present_state: bound as one
+    buffer, the CPU kernel updates them where they are."""
+    m = _graph_model(path)
     g = m.graph
     ins, outs = {i.name for i in g.input}, {o.name for o in g.output}
     functions = {(f.domain, f.name): f for f in m.functions}
+    readers: dict = {}
     found = set()
     for s in states:
         if s.kind != "gdn" or s.role != "recurrent" or s.dtype not in ("float32", "float"):
@@ -121,7 +127,7 @@ def in_place_recurrent(path, states: list[StateSpec], graph: str) -> frozenset:
         i, o = (s.prefill_input, s.prefill_output) if graph == "prefill" else (s.decode_input, s.decode_output)
         if i not in ins or o not in outs:
             continue
-        hit = _la_past(g.node, functions, i)
+        hit = _la_past(g.node, functions, readers, i)
         if hit is not None and hit[1] == o:
             found.add(s.decode_input)
     return frozenset(found)
@@ -146,9 +152,9 @@ def bound_states_for(folder: ExportFolder, backend) -> Optional["BoundStates"]:
     for g in ("prefill", "decode"):
         if g not in cache:
             backend._open(g)
-            cache[g] = backend.forms.get(g) != "expanded" and \
-                in_place_caches(folder.graph_file(g), folder.states, g)
-            recurrent[g] = in_place_recurrent(folder.graph_file(g), folder.states, g) \
+            model = _graph_model(folder.graph_file(g))     # the file's graph, read once for both checks
+            cache[g] = backend.forms.get(g) != "expanded" and in_place_caches(model, folder.states, g)
+            recurrent[g] = in_place_recurrent(model, folder.states, g) \
                 if on_cpu and backend.prefill_bodies.get(g, "exported") == "exported" else frozenset()
         if not cache[g] and backend.forms.get(g) != "expanded":
             return None
