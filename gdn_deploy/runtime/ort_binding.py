@@ -86,14 +86,14 @@ def in_place_caches(path, states: list[StateSpec], graph: str) -> bool:
     return True
 
 
-def _la_past(nodes, functions, readers: dict, name: str, depth: int = 0):
+def _la_past(scope, nodes, functions, readers: dict, name: str, depth: int = 0):
     """The LinearAttention node whose past_state is tensor ``name`` of ``nodes`` and the name of its present_state
     output in ``nodes``' scope, when that node (reached directly, through one float32 Cast, or inside the function
-    body of a node in ``functions``) is the only reader of ``name``'s data; else None. ``readers``: each scope's
-    :func:`_data_readers`, by ``id(nodes)``, filled on first use."""
-    if id(nodes) not in readers:
-        readers[id(nodes)] = _data_readers(nodes)
-    found = readers[id(nodes)].get(name, [])
+    body of a node in ``functions``) is the only reader of ``name``'s data; else None. ``scope``: the main graph
+    (None) or the function's (domain, name, overload); ``readers``: each scope's :func:`_data_readers`, filled on first use."""
+    if scope not in readers:
+        readers[scope] = _data_readers(nodes)
+    found = readers[scope].get(name, [])
     if len(found) != 1 or depth > 3:
         return None
     n, j = found[0]
@@ -101,11 +101,12 @@ def _la_past(nodes, functions, readers: dict, name: str, depth: int = 0):
         return (n, n.output[1]) if j == 3 and len(n.output) > 1 else None
     if n.domain in ("", "ai.onnx") and n.op_type == "Cast":
         to = next((a.i for a in n.attribute if a.name == "to"), None)
-        return _la_past(nodes, functions, readers, n.output[0], depth + 1) if to == 1 else None   # to float32
-    f = functions.get((n.domain, n.op_type))
+        return _la_past(scope, nodes, functions, readers, n.output[0], depth + 1) if to == 1 else None   # float32
+    key = (n.domain, n.op_type, n.overload)
+    f = functions.get(key)
     if f is None or j >= len(f.input):
         return None
-    inner = _la_past(f.node, functions, readers, f.input[j], depth + 1)
+    inner = _la_past(key, f.node, functions, readers, f.input[j], depth + 1)
     if inner is None or inner[1] not in f.output:
         return None
     return inner[0], n.output[list(f.output).index(inner[1])]
@@ -118,7 +119,7 @@ def in_place_recurrent(path, states: list[StateSpec], graph: str) -> frozenset:
     m = _graph_model(path)
     g = m.graph
     ins, outs = {i.name for i in g.input}, {o.name for o in g.output}
-    functions = {(f.domain, f.name): f for f in m.functions}
+    functions = {(f.domain, f.name, f.overload): f for f in m.functions}
     readers: dict = {}
     found = set()
     for s in states:
@@ -127,7 +128,7 @@ def in_place_recurrent(path, states: list[StateSpec], graph: str) -> frozenset:
         i, o = (s.prefill_input, s.prefill_output) if graph == "prefill" else (s.decode_input, s.decode_output)
         if i not in ins or o not in outs:
             continue
-        hit = _la_past(g.node, functions, readers, i)
+        hit = _la_past(None, g.node, functions, readers, i)
         if hit is not None and hit[1] == o:
             found.add(s.decode_input)
     return frozenset(found)
