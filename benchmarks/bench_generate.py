@@ -75,15 +75,20 @@ CONFIGS = {
 LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 
 
-def build_hf(name: str, folder: Path, max_positions: int = 8192):
+def build_hf(name: str, folder: Path, max_positions: int = 8192, layers: int | None = None):
+    """The random HF model of config ``name`` saved to ``folder``; ``layers``: that many layers instead of 4, in
+    the same pattern (three GDN layers, then full attention)."""
     import transformers as tf
     torch.manual_seed(0)
+    n = layers or len(LAYER_TYPES)
+    types = [LAYER_TYPES[i % len(LAYER_TYPES)] for i in range(n)]
     if name == "moe":
-        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=max_positions, tie_word_embeddings=False,
+        c = dict(CONFIGS[name], num_hidden_layers=n, layer_types=types, max_position_embeddings=max_positions, tie_word_embeddings=False,
                  rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
         model = tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**c)).eval()
     else:
-        c = dict(CONFIGS[name], layer_types=LAYER_TYPES, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        c = dict(CONFIGS[name], num_hidden_layers=n, layer_types=types, max_position_embeddings=max_positions,
+                 tie_word_embeddings=True,
                  rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
                                       mrope_section=[11, 11, 10], mrope_interleaved=True))
         model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**c)).eval()

@@ -5,10 +5,11 @@ the states bound on the GPU (IOBinding), beside HF + FLA and our PyTorch model o
                                       [--decode-batches 1,8] [--decode-prompt 1024] [--new 32] [--repeats 2]
                                       [--profile-len 8192] [--prefill-chunk 4096[,1024...]]
                                       [--arena next_power_of_two|same_as_requested]
-                                      [--prefill-body exported,linear_attention] [--out DIR]
+                                      [--prefill-body exported,linear_attention] [--layers 4]
+                                      [--execution-order priority_based,default] [--out DIR]
 
 A random Hugging Face Qwen3.5 of bench_generate.py's ``--config`` (``mid``: Qwen3.5-0.8B shapes with 4 layers,
-3 GDN + 1 attention, 32K vocabulary) is built, exported with ``--precision`` (fp16 default: onnxruntime's CUDA
+3 GDN + 1 attention, 32K vocabulary; ``--layers``: more layers in the same pattern) is built, exported with ``--precision`` (fp16 default: onnxruntime's CUDA
 GroupQueryAttention takes fp16/bf16) and a KV capacity for the longest prompt, and run through the package's
 onnxruntime backend on ``CUDAExecutionProvider`` (its session settings: TF32 off, ConstantFolding off):
 
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 ARENA = {"next_power_of_two": "kNextPowerOfTwo", "same_as_requested": "kSameAsRequested"}
+ORDERS = ("priority_based", "default")
 
 
 class _ARGS:      # the options _ort_backend reads (set by main)
@@ -68,16 +70,20 @@ def _sync_time(fn):
     return time.perf_counter() - t0, out
 
 
-def _ort_backend(folder, bind_states=True, profile=False, form=None, body=None):
+def _ort_backend(folder, bind_states=True, profile=False, form=None, body=None, order="priority_based"):
+    import onnxruntime as ort
+
     from gdn_deploy.runtime.backends import OnnxRuntimeBackend
     provs = [(p, {"arena_extend_strategy": ARENA[_ARGS.arena]}) if p == "CUDAExecutionProvider" else p
              for p in PROVIDERS]
     be = OnnxRuntimeBackend(folder, providers=provs, bind_states=bind_states, attention_form=form,
                             prefill_body=body or _ARGS.prefill_body)
-    if profile:
-        be.options.enable_profiling = True
-        be.sessions.pop("prefill")
-        be._open("prefill")
+    if profile or order != "priority_based":
+        be.options.enable_profiling = profile
+        be.options.execution_order = getattr(ort.ExecutionOrder, order.upper())
+        for g in ("prefill", "decode"):
+            be.sessions.pop(g)
+            be._open(g)
     got = be.sessions["prefill"].get_providers()
     if got[0] != PROVIDERS[0]:
         raise SystemExit(f"bench_ort_cuda: the prefill session runs on {got}, not {PROVIDERS[0]}")
@@ -119,6 +125,8 @@ def main(argv=None) -> int:
     from gdn_deploy.cli_util import OneLineParser  # one-line usage errors, exit 2
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="mid", choices=["tiny", "mid"])
+    ap.add_argument("--layers", type=int, default=4,
+                    help="layers of the random model (three GDN layers, then full attention, repeated)")
     ap.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"])
     ap.add_argument("--prefill-lens", default="1024,8192,32768")
     ap.add_argument("--decode-batches", default="1,8")
@@ -134,6 +142,10 @@ def main(argv=None) -> int:
                          "exported, linear_attention), each prefill row timed with each in turn on a fresh backend "
                          "(an A/B in one process; decode and the profile use the first); default: the CUDA "
                          "provider's default, linear_attention where onnxruntime has it")
+    ap.add_argument("--execution-order", default="priority_based",
+                    help="comma list of onnxruntime execution orders (priority_based: the runtime's; default: "
+                         "onnxruntime's own default, what a bare InferenceSession gets), each prefill row timed with "
+                         "each in turn on a fresh backend, like --prefill-body")
     ap.add_argument("--arena", default="next_power_of_two", choices=sorted(ARENA),
                     help="the CUDA provider's arena_extend_strategy (onnxruntime's default: next_power_of_two)")
     ap.add_argument("--form-check", type=int, default=1,
@@ -147,6 +159,10 @@ def main(argv=None) -> int:
     bad = [b for b in bodies if b not in (None, "exported", "linear_attention")]
     if bad:
         ap.error(f"--prefill-body: {bad[0]!r} is not exported or linear_attention")
+    orders = [o for o in args.execution_order.split(",") if o]
+    bad = [o for o in orders if o not in ORDERS]
+    if bad or not orders:
+        ap.error(f"--execution-order: {(bad or [''])[0]!r} is not one of {', '.join(ORDERS)}")
     _ARGS.arena, _ARGS.prefill_body = args.arena, bodies[0]
     if args.device == "cpu":
         PROVIDERS[:] = ["CPUExecutionProvider"]
@@ -178,7 +194,7 @@ def main(argv=None) -> int:
     V = CONFIGS[args.config]["vocab_size"]
     top = max(lens + [args.decode_prompt]) + args.new
     tmp = Path(tempfile.mkdtemp(prefix="bench_ort_cuda_"))
-    hf = build_hf(args.config, tmp / "hf", max_positions=top + 64)
+    hf = build_hf(args.config, tmp / "hf", max_positions=top + 64, layers=args.layers)
     t0 = time.perf_counter()
     export_model(load_targets(str(tmp / "hf"))[0], tmp / "out",
                  ExportOptions(precision=args.precision, verify=False, max_context=top, max_tokens=max(lens)))
@@ -198,10 +214,11 @@ def main(argv=None) -> int:
     # a call is that call's peak only when nothing bigger ran in the same sessions before it
     first_logits, body_logits = None, {}
     chunks = [int(x) for x in args.prefill_chunk.split(",") if x and int(x) > 0]
-    for L, c, body in [(L, c, b) for L in lens for c in [None] + [c for c in chunks if L > c] for b in bodies]:
+    for L, c, body, order in [(L, c, b, o) for L in lens for c in [None] + [c for c in chunks if L > c]
+                              for b in bodies for o in orders]:
         base = _gpu_used()
         try:
-            be = _ort_backend(folder, body=body)
+            be = _ort_backend(folder, body=body, order=order)
             session_bytes = _gpu_used() - base
             kw = {"prefill_chunk": c} if c else {}
             generate(folder, be, [prompt[L]], 1, eos_token_ids=[], **kw)          # warm-up at this length
@@ -215,14 +232,14 @@ def main(argv=None) -> int:
                 rows["env"]["prefill_body"] = loaded
             if L == lens[0] and not c:
                 body_logits.setdefault(loaded, r.prefill_logits[0].double())
-            row = dict(tokens=L, chunk=c, body=loaded, ort_s=statistics.median(ts),
+            row = dict(tokens=L, chunk=c, body=loaded, order=order, ort_s=statistics.median(ts),
                        ort_held_bytes=_gpu_used() - base,
                        ort_session_bytes=session_bytes,
                        need_bytes=weights + state_bytes(ours16, L + 1),
                        tt_scores_bytes=4 * L * L * max(a.self_attn.num_heads for a in ours16.layers
                                                         if a.layer_type != "linear_attention"))
         except Exception as e:  # noqa: BLE001  (report the failure at this length, go on)
-            row = dict(tokens=L, chunk=c, body=body, ort_error=str(e).splitlines()[0][:300],
+            row = dict(tokens=L, chunk=c, body=body, order=order, ort_error=str(e).splitlines()[0][:300],
                        ort_held_bytes=_gpu_used() - base)
         be = None
         gc.collect()
@@ -329,7 +346,7 @@ def main(argv=None) -> int:
     (out_dir / "bench_ort_cuda.json").write_text(json.dumps(rows, indent=2) + "\n")
     e = rows["env"]
     md = [f"# bench_ort_cuda ({e['gpu']}, onnxruntime {e['onnxruntime']}, torch {e['torch']}, {e['fla']}; "
-          f"{args.config} config exported {args.precision} in {export_s:.0f} s, weights {weights / 1e9:.3f} GB)", "",
+          f"{args.config} config, {args.layers} layers, exported {args.precision} in {export_s:.0f} s, weights {weights / 1e9:.3f} GB)", "",
           f"onnxruntime's last-token logits at {lens[0]} tokens vs HF float32 on the GPU: norm-relative "
           f"{e.get('ort_logits_rel_err_vs_hf_fp32', float('nan')):.2e}, same argmax: "
           f"{e.get('ort_argmax_equal_hf_fp32')} (default form: GroupQueryAttention with its total sequence length "
@@ -341,15 +358,15 @@ def main(argv=None) -> int:
           f"onnxruntime CUDA arena: {args.arena}; gdn prefill body (decode rows): {e.get('prefill_body', '?')}"
           + "".join(f"; logits with the {b} body vs HF float32: {e[k]:.2e}" for b in body_logits
                     if (k := f"ort_{b}_body_logits_rel_err_vs_hf_fp32") in e), "",
-          "| prefill tokens | fed as | gdn body | onnxruntime CUDA s | GPU memory held: sessions / after (GB) | weights + "
+          "| prefill tokens | fed as | gdn body | execution order | onnxruntime CUDA s | GPU memory held: sessions / after (GB) | weights + "
           "states (GB) | [T, T] fp32 scores of all heads (GB) | ours (PyTorch + gdn kernels, bf16) s | HF + FLA "
-          "(bf16) s | HF peak activations (GB) |", "|---|---|---|---|---|---|---|---|---|---|"]
+          "(bf16) s | HF peak activations (GB) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "–"
     for r in rows["prefill"]:
         md.append(f"| {r['tokens']} | {'one call' if not r.get('chunk') else 'pieces of ' + str(r['chunk'])} | "
-                  f"{r.get('body') or '–'} | {f(r.get('ort_s'), '.3f') if 'ort_s' in r else r.get('ort_error')} | "
+                  f"{r.get('body') or '–'} | {r.get('order', '–')} | {f(r.get('ort_s'), '.3f') if 'ort_s' in r else r.get('ort_error')} | "
                   f"{f(r.get('ort_session_bytes', float('nan')) / 1e9, '.2f')} / {r['ort_held_bytes'] / 1e9:.2f} | "
                   f"{f(r.get('need_bytes', 0) / 1e9, '.2f')} | "
                   f"{f(r.get('tt_scores_bytes', 0) / 1e9, '.1f')} | {f(r.get('ours_s'), '.4f')} | "

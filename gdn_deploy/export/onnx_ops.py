@@ -31,6 +31,7 @@ from ..spec import COMMIT, DECODE, PREFILL, SPEC, STATE_POOL, VERIFY, contract_e
 from .onnx_functions import BODIES, DEFAULT_BODY, MIN_OPSET, add_function_bodies
 from .onnx_norm_form import rsqrt_mul_as_div
 from .onnx_optimize import linear_multi_output_matching
+from .onnx_schedule import leaves_walked_in_order
 from ..onnx_nodes import gdn_nodes, stamp_plugin_attributes
 from .onnx_schemas import register_schemas
 
@@ -273,7 +274,9 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
 
     Steps: ``torch.export`` (non-strict) -> functionalize in-place pool updates ->
     ``torch.onnx.export(dynamo=True, custom_translation_table=translation_table(interop))`` -> RMS norms in the
-    form onnxruntime fuses (:func:`.onnx_norm_form.rsqrt_mul_as_div`) -> function bodies (interop None;
+    form onnxruntime fuses (:func:`.onnx_norm_form.rsqrt_mul_as_div`) -> leaf nodes last, so that onnxruntime's
+    default order runs state side chains inside their layer (:func:`.onnx_schedule.leaves_walked_in_order`) ->
+    function bodies (interop None;
     ``gdn_body`` "chunked" or "token" picks the prefill body, ``decode_body`` "linear_attention" or "ops" the
     dense-state decode body, None: the default of :func:`add_function_bodies`) ->
     ``onnx.checker`` -> save (``external_data``: weights streamed to ``<path>.data`` one tensor at a time, never
@@ -357,6 +360,7 @@ def export_program(module, args: Sequence[Any], path: str | os.PathLike | None, 
     else:
         model = prog.model_proto
     rsqrt_mul_as_div(model.graph)          # RMS norms in the form onnxruntime fuses (onnx_norm_form.py)
+    leaves_walked_in_order(model.graph)    # state side chains run inside their layer (onnx_schedule.py)
     if interop is None:
         add_function_bodies(model, gdn_body, decode_body)
         stamp_plugin_attributes(model)     # TensorRT: node -> plugin (gdn namespace); onnxruntime ignores them

@@ -78,6 +78,9 @@ class OnnxRuntimeBackend:
         bf16_cpu = folder.meta.get("dtypes", {}).get("activations") == "bfloat16" and \
             set(providers) <= {"CPUExecutionProvider"}
         opts = ort.SessionOptions()
+        # nodes in the file's order where the graph allows (Kahn by node index): each layer's per-token
+        # temporaries are freed inside the layer (onnx_schedule.py; the default walk may run side chains late)
+        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.folder, self.providers, self.options, self.bf16_cpu = folder, providers, opts, bf16_cpu

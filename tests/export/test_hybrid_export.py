@@ -8,6 +8,7 @@ fp32 tolerance: |a-b| <= 1e-4 + 1e-3|b| and 1e-4 norm-relative).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import onnx
 import pytest
@@ -108,6 +109,67 @@ def test_exported_graphs_use_allowed_ops_only(family, tmp_path_factory):
             moe = [n for n in ort_graph.graph.node if n.op_type == "MoE" and n.domain == "com.microsoft"]
             want = meta["model"]["mlp_types"].count("moe") if meta["model"].get("moe", {}).get(g) == "op" else 0
             assert len(moe) == want, (g, len(moe), want)
+
+
+def _ancestors(made: dict, names) -> set[str]:
+    """Names of the nodes that compute ``names`` (node outputs by ``made``: output -> node)."""
+    seen, todo = set(), list(names)
+    while todo:
+        n = made.get(todo.pop())
+        if n is not None and n.name not in seen:
+            seen.add(n.name)
+            todo += list(n.input)
+    return seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_state_side_chains_run_inside_their_layer(family, tmp_path_factory, tmp_path):
+    """onnxruntime's default execution order runs each state's side chain (the nodes only that state output needs,
+    e.g. a GDN layer's new conv state gathered from its [T, conv_dim] window table) in layer order and before the
+    logits: the table is freed inside its layer (export/onnx_schedule.py). Before, the walk ran every side chain
+    after the logits, holding every GDN layer's table until the end. The order is onnxruntime's own, read from
+    its profile."""
+    import numpy as np
+    import onnxruntime as ort
+    _, _, out, _, _ = _export(family, tmp_path_factory)
+    path = out / json.loads((out / "gdn_model.json").read_text())["graphs"]["prefill"]["file"]
+    model = onnx.load(str(path), load_external_data=False)
+    made = {o: n for n in model.graph.node for o in n.output}
+    main = _ancestors(made, ["logits"])
+    chains = [(o.name, _ancestors(made, [o.name]) - main) for o in model.graph.output if o.name != "logits"]
+    shared = {n for i, (_, a) in enumerate(chains) for _, b in chains[i + 1:] for n in a & b}   # e.g. indices
+    chains = [(o, c - shared) for o, c in chains if c - shared]
+    assert len(chains) >= 2, chains          # every family here has several GDN layers with a conv-state chain
+    so = ort.SessionOptions()
+    so.execution_order = ort.ExecutionOrder.DEFAULT
+    so.enable_profiling, so.profile_file_prefix = True, str(tmp_path / "order")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    T, types = 5, {"tensor(int32)": np.int32, "tensor(int64)": np.int64, "tensor(float)": np.float32}
+    feed = {}
+    for i in sess.get_inputs():
+        if i.name == "input_ids":
+            v = np.arange(T) % 7
+        elif i.name == "cu_seqlens":
+            v = np.array([0, T])
+        elif i.name == "positions":
+            v = np.arange(T)
+        elif i.name == "pad_index":
+            v = np.arange(T)[None]
+        else:
+            v = np.zeros([d if isinstance(d, int) else T if d == "S" else 1 for d in i.shape])
+        feed[i.name] = v.astype(types[i.type])
+    sess.run(None, feed)
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    order = [e["name"][:-len("_kernel_time")] for e in events
+             if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    pos = {name: k for k, name in enumerate(order)}
+    logits_at = pos[made["logits"].name]
+    found = [(o, [pos[n] for n in c if n in pos]) for o, c in chains]   # (onnxruntime fuses some nodes)
+    assert all(at for _, at in found), found
+    spans = [(min(at), max(at), o) for o, at in found]
+    assert all(last < logits_at for _, last, _ in spans), (family, spans, logits_at)
+    spans.sort()
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), (family, spans)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
