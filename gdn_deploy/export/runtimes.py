@@ -73,10 +73,15 @@ def session_settings(providers: Sequence[str]) -> dict[str, Any]:
 
 
 def onnxruntime_session(model, providers: Sequence[str] = ("CPUExecutionProvider",), options=None):
-    """An onnxruntime session of a path or ModelProto (a session is returned as it is)."""
+    """An onnxruntime session of a path or ModelProto (a session is returned as it is); without ``options``, nodes
+    run in the file's order where the graph allows (``ExecutionOrder.PRIORITY_BASED``, as the runtime's sessions:
+    each layer's temporaries are freed inside the layer, export/onnx_schedule.py)."""
     import onnxruntime as ort
     if isinstance(model, ort.InferenceSession):
         return model
+    if options is None:
+        options = ort.SessionOptions()
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
     return ort.InferenceSession(src, options, **session_settings(providers))
 
