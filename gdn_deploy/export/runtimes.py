@@ -72,16 +72,24 @@ def session_settings(providers: Sequence[str]) -> dict[str, Any]:
     return {"providers": provs, "disabled_optimizers": list(CUDA_DISABLED_OPTIMIZERS)}
 
 
+def session_options():
+    """onnxruntime ``SessionOptions`` the package's sessions start from: nodes run in the file's order where the
+    graph allows (``ExecutionOrder.PRIORITY_BASED``, Kahn by node index), so that each layer's per-token
+    temporaries are freed inside the layer (export/onnx_schedule.py; the default walk may run side chains late)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    return options
+
+
 def onnxruntime_session(model, providers: Sequence[str] = ("CPUExecutionProvider",), options=None):
-    """An onnxruntime session of a path or ModelProto (a session is returned as it is); without ``options``, nodes
-    run in the file's order where the graph allows (``ExecutionOrder.PRIORITY_BASED``, as the runtime's sessions:
-    each layer's temporaries are freed inside the layer, export/onnx_schedule.py)."""
+    """An onnxruntime session of a path or ModelProto (a session is returned as it is); ``options`` default to
+    :func:`session_options`."""
     import onnxruntime as ort
     if isinstance(model, ort.InferenceSession):
         return model
     if options is None:
-        options = ort.SessionOptions()
-        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        options = session_options()
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
     return ort.InferenceSession(src, options, **session_settings(providers))
 

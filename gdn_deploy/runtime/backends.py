@@ -72,15 +72,12 @@ class OnnxRuntimeBackend:
         "exported", "host_total", "expanded"); default: as exported, rewritten on the CUDA provider.
         ``prefill_body``: the gdn prefill body ("exported", "linear_attention"); default: linear_attention on the
         CUDA provider (:func:`.ort_attention.default_prefill_body`)."""
-        import onnxruntime as ort
+        from ..export.runtimes import provider_names, session_options
 
         # onnxruntime's CPU provider has no bf16 arithmetic kernels: bf16 graphs run with float32 arithmetic there
         bf16_cpu = folder.meta.get("dtypes", {}).get("activations") == "bfloat16" and \
             set(providers) <= {"CPUExecutionProvider"}
-        opts = ort.SessionOptions()
-        # nodes in the file's order where the graph allows (Kahn by node index): each layer's per-token
-        # temporaries are freed inside the layer (onnx_schedule.py; the default walk may run side chains late)
-        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        opts = session_options()
         if threads:
             opts.intra_op_num_threads, opts.inter_op_num_threads = int(threads), 1
         self.folder, self.providers, self.options, self.bf16_cpu = folder, providers, opts, bf16_cpu
@@ -95,7 +92,6 @@ class OnnxRuntimeBackend:
         self.bind_states = bool(bind_states)
         self.in_place_graphs: dict[str, bool] = {}
         self.in_place_recurrent: dict[str, frozenset] = {}
-        from ..export.runtimes import provider_names
         self.state_device = torch.device("cuda" if "CUDAExecutionProvider" in provider_names(providers) else "cpu")
 
     def _open(self, g: str):

@@ -26,7 +26,9 @@ from gdn_deploy.export.loading import load_targets  # noqa: E402
 from gdn_deploy.export.op_allowlist import ORT_BODY_OPS, graph_op_problems  # noqa: E402
 from gdn_deploy.runtime.backends import make_backend  # noqa: E402
 from gdn_deploy.runtime.folder import ExportFolder  # noqa: E402
-from gdn_deploy.runtime.generation import generate  # noqa: E402
+from gdn_deploy.runtime.generation import fresh_prefill_feed, generate  # noqa: E402
+from gdn_deploy.runtime.states import pack_prompts  # noqa: E402
+from gdn_deploy.export.runtimes import run_onnxruntime  # noqa: E402
 from gdn_deploy.spec import SPEC  # noqa: E402
 
 FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_vl", "qwen3_5_moe", "olmo_hybrid"]
@@ -129,7 +131,6 @@ def test_state_side_chains_run_inside_their_layer(family, tmp_path_factory, tmp_
     logits: the table is freed inside its layer (export/onnx_schedule.py). Before, the walk ran every side chain
     after the logits, holding every GDN layer's table until the end. The order is onnxruntime's own, read from
     its profile."""
-    import numpy as np
     import onnxruntime as ort
     _, _, out, _, _ = _export(family, tmp_path_factory)
     path = out / json.loads((out / "gdn_model.json").read_text())["graphs"]["prefill"]["file"]
@@ -144,21 +145,9 @@ def test_state_side_chains_run_inside_their_layer(family, tmp_path_factory, tmp_
     so.execution_order = ort.ExecutionOrder.DEFAULT
     so.enable_profiling, so.profile_file_prefix = True, str(tmp_path / "order")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    T, types = 5, {"tensor(int32)": np.int32, "tensor(int64)": np.int64, "tensor(float)": np.float32}
-    feed = {}
-    for i in sess.get_inputs():
-        if i.name == "input_ids":
-            v = np.arange(T) % 7
-        elif i.name == "cu_seqlens":
-            v = np.array([0, T])
-        elif i.name == "positions":
-            v = np.arange(T)
-        elif i.name == "pad_index":
-            v = np.arange(T)[None]
-        else:
-            v = np.zeros([d if isinstance(d, int) else T if d == "S" else 1 for d in i.shape])
-        feed[i.name] = v.astype(types[i.type])
-    sess.run(None, feed)
+    folder = ExportFolder(out)
+    ids, cu, pos = pack_prompts([[1, 2, 3, 4, 5]])
+    run_onnxruntime(sess, fresh_prefill_feed(folder, ids, cu, pos, capacity=8))
     events = json.loads(Path(sess.end_profiling()).read_text())
     order = [e["name"][:-len("_kernel_time")] for e in events
              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
