@@ -17,7 +17,7 @@ from typing import Callable
 
 __all__ = ["ExitCode", "EXIT_CODES_HELP", "GdnError", "UsageError", "LoadError", "ExportFailure", "RunFailure",
            "MismatchError", "NotChecked", "TensorRTMissing", "PluginError", "TensorRTFailure", "run_cli",
-           "quiet_warnings"]
+           "quiet_warnings", "first_line", "missing_kernel"]
 
 
 class ExitCode(IntEnum):
@@ -119,6 +119,23 @@ def quiet_warnings(quiet: bool = False) -> None:
 def first_line(e: BaseException, limit: int = 400) -> str:
     text = str(e).strip().splitlines()
     return text[0][:limit] if text else type(e).__name__
+
+
+def missing_kernel(msg: str, limit: int = 200) -> str | None:
+    """What an onnxruntime error says about a kernel its provider lacks, None for any other error: the CUDA
+    provider's "Failed to find kernel for <op> ..." at session load (the part that names the op and types, which
+    comes after a long source location), or the CPU provider's NOT_IMPLEMENTED line."""
+    import re
+    m = re.search(r"Failed to find kernel for (\S+).*?ep:'(\w+)'", msg)
+    if m:
+        types = re.search(r"implemented only for the following types \(((?:tensor\(\w+\),?)+)\), but the node "
+                          r"in the model has the following type \((tensor\(\w+\))\)", msg)
+        how = f" for {types.group(2)} (it has {types.group(1).rstrip(',')})" if types else ""
+        return f"{m.group(2)} has no kernel of {m.group(1)}{how}"[:limit]
+    m = re.search(r"\w+ExecutionProvider has no kernel of .*", msg)      # this function's own words, passed on
+    if m:
+        return m.group(0)[:limit]
+    return first_line(Exception(msg), limit) if "NOT_IMPLEMENTED" in msg else None
 
 
 def _exit_interrupted(prog: str) -> Callable:

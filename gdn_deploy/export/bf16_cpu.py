@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = ["has_bfloat16", "float32_compute", "cpu_session"]
 
-IN_MEMORY_BYTES = 1 << 30     # bigger converted models go through a temporary file (protobuf stops at 2 GB)
+IN_MEMORY_BYTES = 1 << 30     # bigger models keep their bf16 weights, cast when the session loads (cpu_session)
 
 
 def has_bfloat16(model) -> bool:
@@ -76,46 +76,95 @@ def _rewrite_graph(g, rename: dict[str, str]) -> None:
     _rewrite_nodes(g.node, rename)
 
 
-def float32_compute(model: Any):
-    """A copy of ``model`` (ModelProto or path; external data loaded) that onnxruntime's CPU provider runs: see the
-    module doc. Its inputs and outputs keep their names and dtypes."""
+def float32_compute(model: Any, weights: str = "convert"):
+    """A copy of ``model`` (ModelProto or path) that onnxruntime's CPU provider runs: see the module doc. Its
+    inputs and outputs keep their names and dtypes. ``weights``: ``"convert"`` (a path's external data loaded; bf16
+    initializers become float32 ones) or ``"cast"`` (a path's external data left where it is; bf16 initializers
+    kept, each read through a ``Cast`` to float32, which onnxruntime folds into a float32 constant when the
+    session loads: no float32 copy of the weights in Python or on disk)."""
     import onnx
     from onnx import helper
+    if weights not in ("convert", "cast"):
+        raise ValueError(f"weights={weights!r}: expected 'convert' or 'cast'")
     m = onnx.ModelProto()
-    m.CopyFrom(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
+    m.CopyFrom(model if isinstance(model, onnx.ModelProto) else
+               onnx.load(str(model), load_external_data=weights == "convert"))
     g, bf16, f32 = m.graph, onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
     ins = [v.name for v in g.input if v.type.tensor_type.elem_type == bf16]
     outs = [v.name for v in g.output if v.type.tensor_type.elem_type == bf16]
-    rename = {n: f"{n}__as_float32" for n in [*ins, *outs]}
-    for t in g.initializer:
-        _tensor_to_float(t)
+    cast_weights = [t.name for t in g.initializer if t.data_type == bf16] if weights == "cast" else []
+    rename = {n: f"{n}__as_float32" for n in [*ins, *outs, *cast_weights]}
+    if weights == "convert":
+        for t in g.initializer:
+            _tensor_to_float(t)
     del g.value_info[:]
     _rewrite_nodes(g.node, rename)
     for f in m.functions:
         del f.value_info[:]
         _rewrite_nodes(f.node, {})
-    head = [helper.make_node("Cast", [n], [rename[n]], to=f32, name=f"{n}__cast_in") for n in ins]
+    cast = {n: helper.make_node("Cast", [n], [rename[n]], to=f32, name=f"{n}__cast_in") for n in [*cast_weights, *ins]}
     tail = [helper.make_node("Cast", [rename[n]], [n], to=bf16, name=f"{n}__cast_out") for n in outs]
-    nodes = [*head, *g.node, *tail]
+    nodes = [cast.pop(n) for n in ins]
+    by_new = {rename[n]: n for n in cast_weights}
+    for node in g.node:                        # each weight's Cast just before its first reader (file order)
+        for x in _reads(node):
+            if x in by_new and by_new[x] in cast:
+                nodes.append(cast.pop(by_new[x]))
+        nodes.append(node)
+    nodes = [*cast.values(), *nodes, *tail]    # weights no node reads: cast first, as before
     del g.node[:]
     g.node.extend(nodes)
     return m
 
 
-def cpu_session(path, options=None):
-    """An onnxruntime CPU session of the bf16 graph file ``path`` computed in float32 (:func:`float32_compute`)."""
-    import tempfile
+def _reads(node) -> list[str]:
+    """The names a node reads, its subgraphs' reads of outer values included."""
+    import onnx
+    out = list(node.input)
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in sub.node:
+                out += _reads(n)
+    return out
+
+
+def cpu_session(path, options=None, fold_weights: bool = True):
+    """An onnxruntime CPU session of the bf16 graph file ``path`` computed in float32 (:func:`float32_compute`).
+
+    A file whose weights exceed ``IN_MEMORY_BYTES`` (a real-size model, whose float32 copy would also pass
+    protobuf's 2 GB limit) keeps its bf16 weights where they are: the rewritten graph alone goes to onnxruntime,
+    which reads the file's external data from its folder and casts each weight to float32 once when the session
+    loads (``weights="cast"``; nothing is written to disk). ``options`` then also get the folder as their
+    ``session.model_external_initializers_file_folder_path``. With ``fold_weights=False`` (a session run once, as
+    a check's) onnxruntime's constant folding is off, so that each weight is cast in the call, just before its
+    first reader, and freed after its last: the session holds the bf16 weights (memory-mapped from the file)
+    instead of their float32 copies (Qwen3.5-9B: 18 GB instead of 36 GB)."""
+    import os
     from pathlib import Path
 
     import onnx
 
-    from .runtimes import onnxruntime_session
-    m = float32_compute(path)
-    # weights first: protobuf cannot even size (ByteSize) a message over 2 GB, a real-size model's case
-    if sum(len(t.raw_data) for t in m.graph.initializer) <= IN_MEMORY_BYTES and m.ByteSize() <= IN_MEMORY_BYTES:
-        return onnxruntime_session(m, ("CPUExecutionProvider",), options)
-    with tempfile.TemporaryDirectory(prefix="gdn_bf16_cpu_") as tmp:
-        f = Path(tmp) / Path(path).name
-        onnx.save_model(m, str(f), save_as_external_data=True, location=f.name + ".data")
-        del m
-        return onnxruntime_session(f, ("CPUExecutionProvider",), options)
+    from .runtimes import onnxruntime_session, session_options
+    head = onnx.load(str(path), load_external_data=False)
+    size = 0
+    for t in head.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            length = [int(e.value) for e in t.external_data if e.key == "length"]
+            size += length[0] if length else IN_MEMORY_BYTES + 1       # no length: as big as the file may be
+        else:
+            size += len(t.raw_data)
+    if size <= IN_MEMORY_BYTES:
+        return onnxruntime_session(float32_compute(path), ("CPUExecutionProvider",), options)
+    m = float32_compute(head, weights="cast")
+    del head
+    opts = options if options is not None else session_options()
+    if not fold_weights:
+        # onnxruntime's priority-based order runs every weight's Cast at the start (each is ready then), holding
+        # all the float32 copies at once (a 4-layer Qwen3.5-9B-wide prefill: 6.4 GB peak against 3.2 GB); its
+        # default order (a walk back from the outputs) runs each Cast just before its reader
+        import onnxruntime as ort
+        opts.execution_order = ort.ExecutionOrder.DEFAULT
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                  os.fspath(Path(path).resolve().parent))
+    return onnxruntime_session(m, ("CPUExecutionProvider",), opts,
+                               disabled_optimizers=() if fold_weights else ("ConstantFolding",))

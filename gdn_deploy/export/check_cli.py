@@ -39,6 +39,7 @@ examples:
   gdn-check out --from-model          # rebuild the reference from the model the folder was exported from
   gdn-check model.pt                  # export into a temporary folder, then check
   gdn-check default -o out --precision fp16
+  gdn-check out --device cuda         # onnxruntime-gpu's CUDA provider, in the export's precision
 
 """ + EXIT_CODES_HELP
 
@@ -63,8 +64,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow loading a pickled .pt model (UNSAFE for untrusted files)")
     p.add_argument("--plugins", default=None, metavar="LIB",
                    help="TensorRT plugin library (default: gdn_deploy.plugins.find_plugin_library())")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where onnxruntime runs the graphs: cpu (default; bf16 graphs with float32 arithmetic), or "
+                        "cuda: onnxruntime-gpu's CUDA provider, the sessions loaded as the runtime loads them "
+                        "(decode_loop --backend onnxruntime --device cuda), in the export's own precision")
     p.add_argument("-q", "--quiet", action="store_true", help="only the verdict lines")
     return p
+
+
+def _onnxruntime_cuda(outdir: Path):
+    """fn(graph, onnx_path, feed) -> outputs of the folder's graphs on onnxruntime's CUDA provider, loaded by the
+    runtime's backend (its in-memory forms of attention and the gdn prefill body: runtime/ort_attention.py); the
+    sessions are opened on first use and kept for the folder's other graphs."""
+    from ..runtime.backends import OnnxRuntimeBackend, onnxruntime_providers
+    from ..runtime.folder import ExportFolder
+    providers = onnxruntime_providers("cuda")
+    backend = None
+
+    def run(graph: str, path: Path, feed: dict) -> dict[str, Any]:
+        nonlocal backend
+        if backend is None:
+            backend = OnnxRuntimeBackend(ExportFolder(outdir), providers=providers)
+        return backend.run(graph, feed)
+    return run
 
 
 def _trt_runner(onnx_path: Path, trt_path: Path | None, profile_shapes: dict[str, dict[str, list[int]]]):
@@ -134,15 +156,23 @@ def _rewrite_reference(outdir: Path, meta: dict, graphs: Sequence[str], args, sa
         raise LoadError(f"{outdir}: --from-model needs the model it was exported from, {model}, which does not exist "
                         "(check without --from-model: the folder holds its reference)")
     say(f"  --from-model: rebuilding {model}" + (f" (layer {src['layer']})" if src.get("layer") is not None else ""))
-    target = cast_target(load_targets(model, layer=src.get("layer"), allow_pickle=args.allow_pickle)[0],
-                         meta["precision"])
+    from .lazy_export import cast_lazy_target, is_lazy, streamed_reference_outputs
+    # a model whose float32 copy would not fit in memory is loaded lazily: its reference is computed module by
+    # module, each module's weights read from the checkpoint as it runs (lazy_export.streamed_reference_outputs)
+    target = load_targets(model, layer=src.get("layer"), allow_pickle=args.allow_pickle, lazy=None)[0]
+    streamed = is_lazy(target)
+    target = (cast_lazy_target if streamed else cast_target)(target, meta["precision"])
+    if streamed:
+        say("  --from-model: the model's float32 copy would not fit in memory: reference computed module by module, "
+            "weights read from the checkpoint as each module runs")
     from .model_export import config_hash
     if meta.get("config_hash") and meta["config_hash"] != config_hash(target):
         raise LoadError(f"{outdir}: was exported from another model than {model} (config hash differs); re-export")
     for g in graphs:
         feed = reference_feed(target, g, seed=args.seed, interop=meta.get("interop"))
-        meta["graphs"][g].setdefault("check", {}).update(
-            write_reference(outdir, g, feed, reference_outputs(target, g, feed)))
+        ref = streamed_reference_outputs(target, g, feed, meta["precision"]) if streamed else \
+            reference_outputs(target, g, feed)
+        meta["graphs"][g].setdefault("check", {}).update(write_reference(outdir, g, feed, ref))
     meta.pop("not_checked", None)          # a lazily exported folder now has a reference
     md.write_metadata(outdir, meta)
 
@@ -177,10 +207,14 @@ def check_export_dir(outdir: Path, args: argparse.Namespace, say) -> str:
     if not trt_ok:
         say(f"  TensorRT: skipped ({trt_note})")
     extra = {"tensorrt": _tensorrt_runtime(meta, lib)} if trt_ok else None
+    ort = {}
+    if getattr(args, "device", "cpu") == "cuda":
+        ort = dict(onnxruntime_run=_onnxruntime_cuda(outdir), onnxruntime_note=" [CUDA provider, as the runtime "
+                   "loads the graphs]")
     checks = []
     for g in graphs:
         with progress.step(f"checking {g}") if progress else contextlib.nullcontext():
-            checks += check_folder(outdir, meta, [g], say=say, extra_runtimes=extra)
+            checks += check_folder(outdir, meta, [g], say=say, extra_runtimes=extra, **ort)
     if not all(c.ok for c in checks):
         return "FAIL"
     unchecked = [g for g in graphs if not any(c.checked for c in checks if c.graph == g)]
@@ -206,6 +240,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             args.progress.clear()
             print(s, flush=True)
+    if args.device == "cuda":                     # before any work: no CUDA provider is exit 2 at once
+        from ..runtime.backends import onnxruntime_providers
+        onnxruntime_providers("cuda")
     target = Path(args.target)
     dirs: list[Path] = []
     if md.find_sidecar(target) is not None:

@@ -82,16 +82,22 @@ def session_options():
     return options
 
 
-def onnxruntime_session(model, providers: Sequence[str] = ("CPUExecutionProvider",), options=None):
+def onnxruntime_session(model, providers: Sequence[str] = ("CPUExecutionProvider",), options=None,
+                        disabled_optimizers: Sequence[str] = ()):
     """An onnxruntime session of a path or ModelProto (a session is returned as it is); ``options`` default to
-    :func:`session_options`."""
+    :func:`session_options`; ``disabled_optimizers``: onnxruntime graph optimizers left out (by name)."""
     import onnxruntime as ort
     if isinstance(model, ort.InferenceSession):
         return model
     if options is None:
         options = session_options()
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
-    return ort.InferenceSession(src, options, **session_settings(providers))
+    settings = session_settings(providers)
+    if disabled_optimizers:
+        settings["disabled_optimizers"] = [*settings.get("disabled_optimizers", []),
+                                           *(o for o in disabled_optimizers
+                                             if o not in settings.get("disabled_optimizers", []))]
+    return ort.InferenceSession(src, options, **settings)
 
 
 def run_onnxruntime(model, inputs: Mapping[str, Tensor] | Sequence[Tensor],

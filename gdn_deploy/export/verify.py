@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import LoadError, RunFailure, first_line
+from ..errors import LoadError, RunFailure, first_line, missing_kernel
 from ..spec import SPEC
 from .graphs import example_feed, graph_plan
 from .runtimes import compare_outputs, from_numpy, run_onnxruntime, run_torch, to_numpy
@@ -122,10 +122,14 @@ def _say_rows(check: GraphCheck, say: Callable[[str], None]) -> None:
 
 def check_folder(outdir: str | Path, meta: Mapping[str, Any], graphs: Sequence[str] | None = None, *,
                  say: Callable[[str], None] = lambda s: None,
-                 extra_runtimes: Mapping[str, Callable[[str, Path, dict], dict]] | None = None) -> list[GraphCheck]:
+                 extra_runtimes: Mapping[str, Callable[[str, Path, dict], dict]] | None = None,
+                 onnxruntime_run: Callable[[str, Path, dict], dict] | None = None,
+                 onnxruntime_note: str = "") -> list[GraphCheck]:
     """Run each graph of an export folder in onnxruntime (and ``extra_runtimes``, e.g. TensorRT) on its stored
     feed and compare with its stored float32 reference. ``extra_runtimes``: name -> fn(graph, onnx_path, feed)
-    returning outputs by name. Returns one :class:`GraphCheck` per graph and runtime."""
+    returning outputs by name; ``onnxruntime_run`` (same signature, with ``onnxruntime_note`` said beside it)
+    replaces the CPU provider's run, e.g. by the CUDA provider's. Returns one :class:`GraphCheck` per graph and
+    runtime."""
     outdir = Path(outdir)
     precision_dtype = meta["dtypes"]["activations"]
     tol = SPEC.check_tolerance(precision_dtype)
@@ -136,9 +140,11 @@ def check_folder(outdir: str | Path, meta: Mapping[str, Any], graphs: Sequence[s
         path = outdir / info["file"]
         say(f"  {g} ({info['file']}): inputs {info['check']['inputs']}, float32 reference {info['check']['reference']}")
         ort_run, ort_note = lambda graph, p, f: run_onnxruntime(p, f), ""
-        if precision_dtype == "bfloat16":      # onnxruntime's CPU provider has no bf16 arithmetic kernels
+        if onnxruntime_run is not None:
+            ort_run, ort_note = onnxruntime_run, onnxruntime_note
+        elif precision_dtype == "bfloat16":      # onnxruntime's CPU provider has no bf16 arithmetic kernels
             from .bf16_cpu import cpu_session
-            ort_run = lambda graph, p, f: run_onnxruntime(cpu_session(p), f)  # noqa: E731
+            ort_run = lambda graph, p, f: run_onnxruntime(cpu_session(p, fold_weights=False), f)  # noqa: E731
             ort_note = " [bf16 weights and I/O, float32 arithmetic: see gdn_deploy/export/bf16_cpu.py]"
         runtimes = {"onnxruntime": ort_run, **(extra_runtimes or {})}
         for name, run in runtimes.items():
@@ -147,9 +153,11 @@ def check_folder(outdir: str | Path, meta: Mapping[str, Any], graphs: Sequence[s
             try:
                 got = run(g, path, feed)
             except Exception as e:  # noqa: BLE001
-                if name == "onnxruntime" and precision_dtype != "float32" and "NOT_IMPLEMENTED" in str(e):
-                    c = GraphCheck(g, name, [], f"onnxruntime's CPU provider lacks a {precision_dtype} kernel of "
-                                   f"this graph ({first_line(e, 160)}); check it with gdn-check on a TensorRT machine")
+                missing = missing_kernel(str(e))
+                if name == "onnxruntime" and precision_dtype != "float32" and missing is not None:
+                    where, other = ("CPU provider", "") if onnxruntime_run is None else ("provider", " or --device cpu")
+                    c = GraphCheck(g, name, [], f"onnxruntime's {where} lacks a {precision_dtype} kernel of "
+                                   f"this graph ({missing}); check it with gdn-check on a TensorRT machine{other}")
                     _say_rows(c, say)
                     out.append(c)
                     continue

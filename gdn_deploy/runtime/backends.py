@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from ..errors import LoadError, PluginError, TensorRTMissing, UsageError, first_line
+from ..errors import LoadError, PluginError, TensorRTMissing, UsageError, first_line, missing_kernel
 from .folder import ExportFolder
 
 __all__ = ["BACKENDS", "make_backend", "TorchBackend", "OnnxRuntimeBackend", "TensorRTBackend"]
@@ -110,7 +110,8 @@ class OnnxRuntimeBackend:
                     self.sessions[g], self.forms[g], self.prefill_bodies[g] = graph_session(
                         path, self.providers, self.options, form, body)
             except Exception as e:  # noqa: BLE001  (onnxruntime raises its own error types on a bad file)
-                raise LoadError(f"{path}: onnxruntime cannot load it: {first_line(e)}") from None
+                raise LoadError(f"{path}: onnxruntime cannot load it: {missing_kernel(str(e)) or first_line(e)}") \
+                    from None
         return self.sessions[g]
 
     def run(self, graph: str, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -68,9 +68,10 @@ def test_cpu_session_from_a_file_keeps_io_names_and_types(tmp_path):
     assert [(o.name, o.type) for o in sess.get_outputs()] == [("y", "tensor(bfloat16)"), ("s", "tensor(bfloat16)")]
 
 
-def test_cpu_session_of_a_model_too_big_for_protobuf_goes_through_a_file(tmp_path, monkeypatch):
+def test_cpu_session_of_a_model_too_big_for_protobuf_keeps_its_bf16_weights(tmp_path, monkeypatch):
     """A real-size bf16 model (float32 copy over 2 GB): protobuf's ByteSize raises on such a message, so the size
-    test must not call it; the session is built from a temporary file with external data and computes the same."""
+    test must not call it; the weights stay bf16, each read through a Cast that onnxruntime folds when the session
+    loads, and the session computes exactly what the converted small model computes."""
     import gdn_deploy.export.bf16_cpu as bf16_cpu
     w, c = torch.randn(8, 4), torch.randn(4)
     onnx.save_model(_model(w, c), str(tmp_path / "g.onnx"))
@@ -79,8 +80,38 @@ def test_cpu_session_of_a_model_too_big_for_protobuf_goes_through_a_file(tmp_pat
 
     def too_big(self):
         raise AssertionError("ByteSize called on a model whose weights exceed the in-memory limit")
-    monkeypatch.setattr(bf16_cpu, "IN_MEMORY_BYTES", 16)                     # W (8x4 float32, 128 B) is "big"
+    monkeypatch.setattr(bf16_cpu, "IN_MEMORY_BYTES", 16)                     # W (8x4 bf16, 64 B) is "big"
     monkeypatch.setattr(onnx.ModelProto, "ByteSize", too_big)
     big = run_onnxruntime(cpu_session(tmp_path / "g.onnx"), feed)
     for name in small:
         assert torch.equal(torch.as_tensor(big[name]).float(), torch.as_tensor(small[name]).float()), name
+
+
+def test_cpu_session_reads_external_bf16_weights_from_the_files_folder(tmp_path, monkeypatch):
+    """External data (an export folder's weights.data) is read where it is, whatever the working directory, with
+    nothing written to disk; the folded float32 weights equal the converted model's outputs bitwise; the weight's
+    Cast is folded into a float32 constant when the session loads."""
+    import tempfile
+
+    import gdn_deploy.export.bf16_cpu as bf16_cpu
+    from gdn_deploy.export.runtimes import session_options
+    d = tmp_path / "folder"
+    d.mkdir()
+    w, c = torch.randn(8, 4), torch.randn(4)
+    onnx.save_model(_model(w, c), str(d / "g.onnx"), save_as_external_data=True, location="weights.data",
+                    size_threshold=0)
+    assert onnx.load(str(d / "g.onnx"), load_external_data=False).graph.initializer[0].data_location == \
+        TensorProto.EXTERNAL
+    feed = {"x": torch.randn(7, 8).to(torch.bfloat16), "flag": torch.tensor(False)}
+    small = run_onnxruntime(cpu_session(d / "g.onnx"), feed)
+    monkeypatch.setattr(bf16_cpu, "IN_MEMORY_BYTES", 16)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: pytest.fail("cpu_session wrote a temporary copy"))
+    opts = session_options()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    big = run_onnxruntime(cpu_session(d / "g.onnx", opts), feed)
+    for name in small:
+        assert torch.equal(torch.as_tensor(big[name]).float(), torch.as_tensor(small[name]).float()), name
+    opt = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+    assert {t.name: t.data_type for t in opt.graph.initializer}.get("W__as_float32") == TensorProto.FLOAT
+    assert not any(n.op_type == "Cast" and n.input[0] == "W" for n in opt.graph.node)

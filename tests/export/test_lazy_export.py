@@ -102,3 +102,63 @@ def test_gdn_check_of_a_lazy_folder_verifies_files_and_says_not_checked(lazy_exp
     assert gdn_check([str(copy), "--from-model", "-q"]) == ExitCode.OK
     assert "not_checked" not in json.loads((copy / "gdn_model.json").read_text())
     assert gdn_check([str(copy), "-q"]) == ExitCode.OK      # the folder now holds its reference
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_streamed_reference_equals_the_in_memory_reference(family, precision, tmp_path):
+    """Every module's weights read as it runs (NaN placeholders otherwise) give the in-memory model's float32
+    reference of the weights in ``precision``: prefill (ragged) and decode, every output and state."""
+    from gdn_deploy.export.lazy_export import cast_lazy_target, streamed_reference_outputs
+    from gdn_deploy.export.targets import cast_target
+    gen = torch.Generator().manual_seed(seed_for(f"streamed_reference::{family}"))
+    tiny.save(tiny.build(family, gen), tmp_path / "hf")
+    eager = cast_target(load_targets(str(tmp_path / "hf"), lazy=False)[0], precision)
+    lazy = cast_lazy_target(load_targets(str(tmp_path / "hf"), lazy=True)[0], precision)
+    for g in ("prefill", "decode"):
+        feed = reference_feed(eager, g, seed=3)
+        ref = reference_outputs(eager, g, feed)
+        got = streamed_reference_outputs(lazy, g, feed, precision)
+        assert set(got) == set(ref)
+        for k in ref:
+            err = float((got[k].double() - ref[k].double()).norm() / ref[k].double().norm().clamp_min(1e-30))
+            assert err <= 1e-6, (g, k, err)
+    assert all(all(s == 0 for s in p.stride()) for p in lazy.module.parameters())   # nothing stays loaded
+
+
+def test_streamed_reference_refuses_a_weight_read_outside_its_layer(tmp_path):
+    """A model reading a layer's weight outside that layer's own calls sees its NaN placeholder: the reference
+    raises instead of being silently wrong (here the head adds 0 x a weight of layer 0)."""
+    from gdn_deploy.export.lazy_export import cast_lazy_target, streamed_reference_outputs
+    gen = torch.Generator().manual_seed(seed_for("streamed_reference::outside"))
+    tiny.save(tiny.build("qwen3_5", gen), tmp_path / "hf")
+    lazy = cast_lazy_target(load_targets(str(tmp_path / "hf"), lazy=True)[0], "fp32")
+    feed = reference_feed(lazy, "prefill", seed=3)
+    out = streamed_reference_outputs(lazy, "prefill", feed, "fp32")            # as the model is: finite
+    assert all(torch.isfinite(v).all() for v in out.values())
+    net = lazy.module
+    weight = next(p for n, p in net.layers[0].named_parameters())
+    real = net._logits
+    net._logits = lambda h: real(h) + 0 * next(p for n, p in net.layers[0].named_parameters()).sum()
+    assert weight.shape == next(net.layers[0].parameters()).shape
+    with pytest.raises(ValueError, match="logits are not finite"):
+        streamed_reference_outputs(lazy, "prefill", feed, "fp32")
+
+
+def test_gdn_check_from_model_streams_the_reference_when_the_model_does_not_fit(lazy_export, monkeypatch, capsys):
+    """gdn-check --from-model on a model whose float32 copy would not fit (GDN_LAZY_BYTES stands in for a small
+    machine): the reference is computed layer by layer from the checkpoint, and the folder PASSes with it."""
+    import shutil
+
+    from gdn_deploy.errors import ExitCode
+    from gdn_deploy.export.check_cli import main as gdn_check
+    root = lazy_export
+    copy = root / "out_streamed"
+    shutil.copytree(root / "out", copy)
+    monkeypatch.setenv("GDN_LAZY_BYTES", "1000")
+    assert gdn_check([str(copy), "--from-model"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "reference computed module by module" in out and "gdn-check: PASS" in out
+    assert (copy / "prefill_reference.json").is_file() and "not_checked" not in \
+        json.loads((copy / "gdn_model.json").read_text())
+    shutil.rmtree(copy)
