@@ -163,8 +163,8 @@ def _rewrite_reference(outdir: Path, meta: dict, graphs: Sequence[str], args, sa
     streamed = is_lazy(target)
     target = (cast_lazy_target if streamed else cast_target)(target, meta["precision"])
     if streamed:
-        say("  --from-model: the model's float32 copy would not fit in memory: reference computed module by module, "
-            "weights read from the checkpoint as each module runs")
+        say("  --from-model: the model's float32 copy would not fit in memory: reference computed layer by layer, "
+            "weights read from the checkpoint as each layer runs")
     from .model_export import config_hash
     if meta.get("config_hash") and meta["config_hash"] != config_hash(target):
         raise LoadError(f"{outdir}: was exported from another model than {model} (config hash differs); re-export")

@@ -158,7 +158,7 @@ def test_gdn_check_from_model_streams_the_reference_when_the_model_does_not_fit(
     monkeypatch.setenv("GDN_LAZY_BYTES", "1000")
     assert gdn_check([str(copy), "--from-model"]) == ExitCode.OK
     out = capsys.readouterr().out
-    assert "reference computed module by module" in out and "gdn-check: PASS" in out
+    assert "reference computed layer by layer" in out and "gdn-check: PASS" in out
     assert (copy / "prefill_reference.json").is_file() and "not_checked" not in \
         json.loads((copy / "gdn_model.json").read_text())
     shutil.rmtree(copy)
