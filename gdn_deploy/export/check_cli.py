@@ -157,8 +157,8 @@ def _rewrite_reference(outdir: Path, meta: dict, graphs: Sequence[str], args, sa
                         "(check without --from-model: the folder holds its reference)")
     say(f"  --from-model: rebuilding {model}" + (f" (layer {src['layer']})" if src.get("layer") is not None else ""))
     from .lazy_export import cast_lazy_target, is_lazy, streamed_reference_outputs
-    # a model whose float32 copy would not fit in memory is loaded lazily: its reference is computed module by
-    # module, each module's weights read from the checkpoint as it runs (lazy_export.streamed_reference_outputs)
+    # a model whose float32 copy would not fit in memory is loaded lazily: its reference is computed layer by
+    # layer, each layer's weights read from the checkpoint as it runs (lazy_export.streamed_reference_outputs)
     target = load_targets(model, layer=src.get("layer"), allow_pickle=args.allow_pickle, lazy=None)[0]
     streamed = is_lazy(target)
     target = (cast_lazy_target if streamed else cast_target)(target, meta["precision"])

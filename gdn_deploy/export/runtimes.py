@@ -93,10 +93,9 @@ def onnxruntime_session(model, providers: Sequence[str] = ("CPUExecutionProvider
         options = session_options()
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
     settings = session_settings(providers)
-    if disabled_optimizers:
-        settings["disabled_optimizers"] = [*settings.get("disabled_optimizers", []),
-                                           *(o for o in disabled_optimizers
-                                             if o not in settings.get("disabled_optimizers", []))]
+    if disabled_optimizers:                   # beside the CUDA provider's own (session_settings)
+        settings["disabled_optimizers"] = list(dict.fromkeys([*settings.get("disabled_optimizers", []),
+                                                              *disabled_optimizers]))
     return ort.InferenceSession(src, options, **settings)
 
 
