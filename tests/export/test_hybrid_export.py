@@ -79,8 +79,9 @@ def test_onnxruntime_generation_equals_hf(family, tmp_path_factory):
     assert got.decode_steps == 23
     # both fp32 paths differ from float64 by rounding, which some random models amplify (OLMo's beta in [0, 2]):
     # over 60 random OLMo models the exported graph's last-token logits were up to 1.1e-4 from HF run in float64
-    # (HF's own fp32 run: up to 3.6e-5), and one CI run saw 2.8e-4 against HF fp32 at norm rel 5.2e-5; so the
-    # element-wise bound is 10x the export check's atol, the norm-relative bound the export check's own
+    # (HF's own fp32 run: up to 4.5e-5, our torch backend 1.3e-4), and one CI run saw 2.8e-4 against HF fp32 at
+    # norm rel 5.2e-5; so the element-wise bound is 10x the export check's atol, the norm-relative bound the export
+    # check's own
     with torch.no_grad():
         hf_last = torch.stack([hf(input_ids=torch.tensor([p])).logits[0, -1] for p in prompts])
     err = (got.prefill_logits - hf_last).abs()
