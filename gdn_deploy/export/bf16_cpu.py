@@ -84,6 +84,8 @@ def float32_compute(model: Any, weights: str = "convert"):
     session loads: no float32 copy of the weights in Python or on disk)."""
     import onnx
     from onnx import helper
+
+    from .onnx_graph import names_read
     if weights not in ("convert", "cast"):
         raise ValueError(f"weights={weights!r}: expected 'convert' or 'cast'")
     m = onnx.ModelProto()
@@ -107,7 +109,7 @@ def float32_compute(model: Any, weights: str = "convert"):
     nodes = [cast.pop(n) for n in ins]
     by_new = {rename[n]: n for n in cast_weights}
     for node in g.node:                        # each weight's Cast just before its first reader (file order)
-        for x in _reads(node):
+        for x in names_read(node):
             if x in by_new and by_new[x] in cast:
                 nodes.append(cast.pop(by_new[x]))
         nodes.append(node)
@@ -115,17 +117,6 @@ def float32_compute(model: Any, weights: str = "convert"):
     del g.node[:]
     g.node.extend(nodes)
     return m
-
-
-def _reads(node) -> list[str]:
-    """The names a node reads, its subgraphs' reads of outer values included."""
-    import onnx
-    out = list(node.input)
-    for a in node.attribute:
-        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            for n in sub.node:
-                out += _reads(n)
-    return out
 
 
 def cpu_session(path, options=None, fold_weights: bool = True):
@@ -154,7 +145,9 @@ def cpu_session(path, options=None, fold_weights: bool = True):
         else:
             size += len(t.raw_data)
     if size <= IN_MEMORY_BYTES:
-        return onnxruntime_session(float32_compute(path), ("CPUExecutionProvider",), options)
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(head, os.fspath(Path(path).resolve().parent))
+        return onnxruntime_session(float32_compute(head), ("CPUExecutionProvider",), options)
     m = float32_compute(head, weights="cast")
     del head
     opts = options if options is not None else session_options()

@@ -152,9 +152,9 @@ def streamed_reference_outputs(target: ExportTarget, graph: str, feed: Mapping[s
     rounded to ``precision`` (what :func:`.verify.reference_outputs` gives for the model in memory), without the
     model in memory: each layer (and the embedding, final norm, head) reads its weights (``lazy_weights.load`` in
     ``precision``, then float32) when its ``forward`` / ``prefill`` / ``decode`` is called and drops them when it
-    returns: the peak is one layer's float32 weights (with a tied head, plus the embedding, kept loaded). Outside that window the parameters are NaN placeholders, so a weight read elsewhere (e.g. a
-    tied head reading the embedding outside the embedding's forward) gives non-finite outputs, which raise
-    ValueError instead of giving a wrong reference."""
+    returns: the peak is one layer's float32 weights (with a tied head, plus the embedding, kept loaded). Outside
+    that window the parameters are NaN placeholders, so a weight read elsewhere gives non-finite outputs, which
+    raise ValueError instead of giving a wrong reference."""
     from .graphs import graph_plan
     from .runtimes import run_torch
     dtype = PRECISIONS[precision]

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper
 
 from ..spec import GATE_RAW
 
-__all__ = ["GraphBuilder", "value_info", "prepare_inputs", "repeat_heads", "expand_nodes", "FLOAT", "INT64"]
+__all__ = ["GraphBuilder", "value_info", "prepare_inputs", "repeat_heads", "expand_nodes", "names_read", "FLOAT",
+           "INT64"]
 
 FLOAT = TensorProto.FLOAT
 INT64 = TensorProto.INT64
@@ -79,6 +80,16 @@ def expand_nodes(graph: onnx.GraphProto, match, expand) -> int:
         del graph.node[:]
         graph.node.extend(new)
     return count
+
+
+def names_read(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads, with every name its subgraphs (If/Loop/Scan bodies) read, outer values included."""
+    out = set(node.input)
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in sub.node:
+                out |= names_read(n)
+    return out
 
 
 def value_info(name: str, rank: int, elem: int = FLOAT) -> onnx.ValueInfoProto:

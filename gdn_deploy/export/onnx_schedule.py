@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import onnx
 
+from .onnx_graph import names_read
+
 __all__ = ["leaves_walked_in_order"]
 
 
 def leaves_walked_in_order(graph: onnx.GraphProto) -> int:
     """Move ``graph``'s leaf nodes (in place) to the end of its node list, in reverse order; returns how many."""
-    read = _names_read(graph)                  # with the names subgraphs read from this scope
+    read = set().union(*map(names_read, graph.node))   # with the names subgraphs read from this scope
     leaves = [i for i, n in enumerate(graph.node) if not any(o in read for o in n.output if o)]
     if len(leaves) < 2:
         return 0
@@ -37,13 +39,3 @@ def leaves_walked_in_order(graph: onnx.GraphProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(moved)
-
-
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    out: set[str] = set()
-    for node in graph.node:
-        out.update(node.input)
-        for a in node.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                out |= _names_read(sub)
-    return out
