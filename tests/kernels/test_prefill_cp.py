@@ -80,6 +80,21 @@ def test_cp_64k_single_sequence(kernels, gen, gates, K, V, Hk, Hv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gates", ["strong", "weak"])
+@pytest.mark.parametrize("seqlens,Hk,Hv,K,V", [([4096 + 37], 2, 8, 128, 128), ([8192 - 5], 4, 8, 64, 64),
+                                                ([4096, 4000], 2, 8, 128, 128), ([8192 + 1], 2, 4, 256, 256)])
+def test_cp_auto_short_sequences(kernels, gen, gates, seqlens, Hk, Hv, K, V):
+    """The automatic launch at the few-head shapes of 4K-8K tokens, where segments of 16 chunks run context parallel
+    with pass 1 on wgmma (K <= 128; cpMinChunks) and K = 256 keeps segments of 32: the workspace the automatic launch
+    asks for holds its segments, and the outputs match the float64 reference from non-zero initial states."""
+    inp = make_prefill_inputs(gen, seqlens, Hk, Hv, K, V, use_qk_l2norm=1, **GATES[gates])
+    d, ref = to_device(inp, torch.bfloat16, torch.float32)
+    attrs = op_attrs(0, 1)
+    o, final = _run(kernels, d, attrs, None, scan="auto")
+    _check(o, final, ref, attrs, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("segments", [2, 3, 7, 16])
 @pytest.mark.parametrize("case", [
     ([0, 1, 63, 64, 65, 1000, 4097, 3000], 2, 4, 128, 128, "bf16", "f32", 0),
