@@ -66,8 +66,10 @@ def node_attrs(op: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:
     return op.attrs(**{k: v for k, v in given.items() if k in op.attributes})
 
 
-def overload_name(op: OpSpec, attrs: dict[str, Any], la_heads: int | None = None) -> str:
-    """``la_heads``: a LinearAttention decode body for Hv value heads (0: heads folded into the rows)."""
+def overload_name(op: OpSpec, attrs: dict[str, Any], la_heads: int | None = None,
+                  la_static: tuple[int, int] | None = None) -> str:
+    """``la_heads``: a LinearAttention decode body for Hv value heads (0: heads folded into the rows);
+    ``la_static``: that body built for static (Hk, K)."""
     if "gate_mode" not in op.attributes:   # GatedDeltaCommit
         return f"state{int(attrs['state_mode'])}"
     key = f"gate{int(attrs['gate_mode'])}_l2norm{int(attrs['use_qk_l2norm'])}"
@@ -75,6 +77,8 @@ def overload_name(op: OpSpec, attrs: dict[str, Any], la_heads: int | None = None
         key += f"_state{int(attrs['state_mode'])}"
     if la_heads is not None:
         key += f"_la{int(la_heads)}"
+        if la_static:
+            key += f"_hk{int(la_static[0])}_k{int(la_static[1])}"
     return key
 
 
@@ -159,14 +163,18 @@ def _token_prefill_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, A
 
 
 def _la_decode_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any], heads: int,
-                    out_names: list[str]) -> tuple[str, str]:
+                    out_names: list[str], static: tuple[int, int] | None = None) -> tuple[str, str]:
     """Dense-state decode through ``com.microsoft::LinearAttention``: q, k [B, Hk, K] (L2-normed, q scaled, then
     repeated to Hv heads) and v [B, Hv, V] as [B, 1, H*D], log-decay g and beta as [B, 1, Hv], the state
     [B, Hv, K, V] as is (its output is the function's state output, no copy). ``heads`` = Hv; 0 when it is not
-    static: then rows and heads are folded ([B*Hv, 1, D], one head; the state reshaped in and out)."""
+    static: then rows and heads are folded ([B*Hv, 1, D], one head; the state reshaped in and out). ``static``:
+    (Hk, K) when q's shape has them: the default scale is a constant and, where Hk = Hv, q and k are not repeated
+    (no shape arithmetic left for a runtime to run every step)."""
+    hk, k_dim = static or (0, 0)
     q, k, v, g, beta = prepare_inputs(b, ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], ins.get("A_log"),
-                                      ins.get("dt_bias"), attrs)
-    q, k = repeat_heads(b, q, v), repeat_heads(b, k, v)
+                                      ins.get("dt_bias"), attrs, k_dim=k_dim or None)
+    if not (heads and hk == heads):
+        q, k = repeat_heads(b, q, v), repeat_heads(b, k, v)
     state = b("Cast", ins["state"], to=FLOAT, hint="state_f")
     la = dict(domain=LA_DOMAIN, update_rule="gated_delta", scale=1.0)     # q carries the scale already
     if heads:
@@ -174,7 +182,7 @@ def _la_decode_body(b: GraphBuilder, ins: dict[str, str], attrs: dict[str, Any],
         q3, k3, v3, g3, b3 = (b("Reshape", x, flat) for x in (q, k, v, g, beta))
         o, _ = b("LinearAttention", q3, k3, v3, state, g3, b3, outputs=[b.name("o_la"), out_names[1]],
                  q_num_heads=heads, kv_num_heads=heads, **la)
-        return b("Reshape", o, b("Shape", v), hint="o_t"), out_names[1]
+        return b("Reshape", o, b.ints(0, heads, -1), hint="o_t"), out_names[1]     # [B, 1, Hv*V] -> [B, Hv, V]
     row = b.ints(-1, 1)
     q3, k3, v3 = (b("Reshape", x, b("Concat", row, b("Shape", x, start=2, end=3), axis=0)) for x in (q, k, v))
     g3, b3 = (b("Reshape", x, b.ints(-1, 1, 1)) for x in (g, beta))
@@ -256,12 +264,12 @@ def _check_body(body: str) -> None:
 
 
 def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEFAULT_BODY,
-                  la_heads: int | None = None) -> onnx.FunctionProto:
+                  la_heads: int | None = None, la_static: tuple[int, int] | None = None) -> onnx.FunctionProto:
     """The FunctionProto (domain gdn, name = op name, overload from the attributes) for one combination.
 
     ``body`` picks the prefill body (``"chunked"`` or ``"token"``). ``la_heads`` (dense-state decode only): the
     LinearAttention decode body for Hv value heads (0: Hv not static, heads folded into the rows); None: the
-    standard-op step.
+    standard-op step. ``la_static``: that body for static (Hk, K) (:func:`_la_decode_body`).
     """
     if opset < MIN_OPSET:
         raise ValueError(f"gdn function bodies need ONNX opset >= {MIN_OPSET} for the default domain, got {opset}")
@@ -282,7 +290,7 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEF
         if op.name == PREFILL.name or int(attrs["state_mode"]) == STATE_POOL:
             raise ValueError(f"la_heads: the LinearAttention body is for the dense-state decode, not {op.name} "
                              f"{overload_name(op, attrs)}")
-        outs = list(_la_decode_body(b, ins, attrs, int(la_heads), out_names))
+        outs = list(_la_decode_body(b, ins, attrs, int(la_heads), out_names, la_static))
         what = "single-step decode body on com.microsoft::LinearAttention"
     else:
         if op.name == PREFILL.name:
@@ -303,7 +311,7 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEF
     imports = [helper.make_opsetid("", opset)]
     if la_heads is not None:
         imports.append(helper.make_opsetid(LA_DOMAIN, LA_VERSION))
-    ovl = overload_name(op, attrs, la_heads)
+    ovl = overload_name(op, attrs, la_heads, la_static if la_heads is not None else None)
     return helper.make_function(
         SPEC.domain, op.name, in_names, out_names, b.nodes, imports, attribute_protos=defaults, overload=ovl,
         doc_string=f"onnxruntime {what} of {SPEC.domain}::{op.name} for {ovl}"
@@ -332,16 +340,50 @@ def decode_function_body(model: onnx.ModelProto) -> str | None:
     return next((p.value for p in model.metadata_props if p.key == DECODE_BODY_METADATA_KEY), None)
 
 
-def _static_heads(model: onnx.ModelProto, node: onnx.NodeProto, state_index: int) -> int:
-    """Hv of a decode node from its state input's static shape [B, Hv, K, V] (graph input or value_info); 0 if
-    unknown."""
-    name = node.input[state_index]
+def _static_dims(model: onnx.ModelProto, name: str, rank: int) -> list[int]:
+    """The dims of value ``name`` of rank ``rank``, 0 where not static; [] if unknown. From its graph input or
+    value_info, else from the constant shape of the ``Reshape`` that makes it (what an exported graph holds before
+    shape inference: e.g. q as ``Reshape(x, [-1, Hk, K])``; -1 and 0 entries count as not static)."""
     for vi in list(model.graph.input) + list(model.graph.value_info):
         if vi.name == name:
             dims = vi.type.tensor_type.shape.dim
-            if len(dims) == 4 and dims[1].HasField("dim_value") and dims[1].dim_value > 0:
-                return int(dims[1].dim_value)
-    return 0
+            if len(dims) == rank:
+                return [int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else 0 for d in dims]
+    producer = next((n for n in model.graph.node if name in n.output), None)
+    if producer is None or producer.op_type != "Reshape" or producer.domain not in ("", "ai.onnx"):
+        return []
+    shape = _small_constant(model, producer.input[1])
+    if shape is None or shape.ndim != 1 or len(shape) != rank:
+        return []
+    return [int(x) if x > 0 else 0 for x in shape.tolist()]
+
+
+def _small_constant(model: onnx.ModelProto, name: str):
+    """The value of ``name`` when an initializer with its data inline or a ``Constant`` node holds it; else None."""
+    from onnx import numpy_helper
+    for t in model.graph.initializer:
+        if t.name == name:
+            external = t.data_location == onnx.TensorProto.EXTERNAL
+            return None if external else numpy_helper.to_array(t)
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output and n.output[0] == name:
+            for a in n.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    return numpy_helper.to_array(a.t)
+    return None
+
+
+def _static_heads(model: onnx.ModelProto, node: onnx.NodeProto, state_index: int) -> int:
+    """Hv of a decode node from its state input's static shape [B, Hv, K, V] (graph input or value_info); 0 if
+    unknown."""
+    dims = _static_dims(model, node.input[state_index], 4)
+    return dims[1] if dims else 0
+
+
+def _static_qk(model: onnx.ModelProto, node: onnx.NodeProto, q_index: int) -> tuple[int, int] | None:
+    """(Hk, K) of a decode node from its q input's static shape [B, Hk, K]; None if either is unknown."""
+    dims = _static_dims(model, node.input[q_index], 3)
+    return (dims[1], dims[2]) if dims and dims[1] and dims[2] else None
 
 
 def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY,
@@ -369,7 +411,7 @@ def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY,
         if len(node.input) != len(expected) or any(not x for x in node.input):
             raise ValueError(f"{SPEC.domain}::{node.op_type} node {node.name!r}: has inputs {list(node.input)}, "
                              f"expected {len(expected)} ({', '.join(expected)}) for attributes {attrs}")
-        la_heads = None
+        la_heads, la_static = None, None
         if op.name == PREFILL.name and body == LA_BODY:
             la_heads = _static_heads(model, node, expected.index("initial_state"))
             if not la_heads:
@@ -379,10 +421,11 @@ def add_function_bodies(model: onnx.ModelProto, body: str = DEFAULT_BODY,
             dense_decode = True
             if decode_body == "linear_attention":
                 la_heads = _static_heads(model, node, expected.index("state"))
-        node.overload = overload_name(op, attrs, la_heads)
+                la_static = _static_qk(model, node, expected.index("q"))
+        node.overload = overload_name(op, attrs, la_heads, la_static)
         key = (node.op_type, node.overload)
         if key not in wanted:
-            wanted[key] = make_function(op, attrs, opset, body, la_heads)
+            wanted[key] = make_function(op, attrs, opset, body, la_heads, la_static)
     keep = [f for f in model.functions if not (f.domain == SPEC.domain and f.name in SPEC.all_ops)]
     del model.functions[:]
     model.functions.extend(keep + list(wanted.values()))

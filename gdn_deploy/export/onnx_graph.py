@@ -6,6 +6,8 @@ casts, raw gates, L2 norm, scale); :func:`repeat_heads` expands q/k heads to the
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import onnx
@@ -98,10 +100,11 @@ def value_info(name: str, rank: int, elem: int = FLOAT) -> onnx.ValueInfoProto:
 
 
 def prepare_inputs(b: GraphBuilder, q: str, k: str, v: str, g: str, beta: str, A_log: str | None,
-                   dt_bias: str | None, attrs: dict[str, Any]) -> tuple[str, str, str, str, str]:
+                   dt_bias: str | None, attrs: dict[str, Any], k_dim: int | None = None) -> tuple[str, str, str, str, str]:
     """float32 q (L2 norm, scale), k (L2 norm), v, log decay g and beta; q/k keep their Hk heads.
 
-    Rows first, as the inputs: q, k [rows, Hk, K], v [rows, Hv, V], g, beta [rows, Hv].
+    Rows first, as the inputs: q, k [rows, Hk, K], v [rows, Hv, V], g, beta [rows, Hv]. ``k_dim``: K when the body
+    is built for a static K (the default scale 1/sqrt(K) a constant, which a runtime folds), else read from q.
     """
     qf, kf, vf = (b("Cast", x, to=FLOAT, hint=n) for x, n in ((q, "qf"), (k, "kf"), (v, "vf")))
     gf, bf = b("Cast", g, to=FLOAT, hint="gf"), b("Cast", beta, to=FLOAT, hint="bf")
@@ -110,8 +113,10 @@ def prepare_inputs(b: GraphBuilder, q: str, k: str, v: str, g: str, beta: str, A
         gf = b("Mul", decay, b("Softplus", b("Add", gf, b("Cast", dt_bias, to=FLOAT))), hint="g_raw")
         bf = b("Sigmoid", bf, hint="beta_raw")
     scale_attr = b.attr_f("scale")
-    k_dim = b("Cast", b("Shape", q, start=2, end=3), to=FLOAT, hint="k_dim")
-    default_scale = b("Reciprocal", b("Sqrt", k_dim))
+    if k_dim:
+        default_scale = b.scalar_f(1.0 / math.sqrt(k_dim))
+    else:
+        default_scale = b("Reciprocal", b("Sqrt", b("Cast", b("Shape", q, start=2, end=3), to=FLOAT, hint="k_dim")))
     scale = b("Where", b("Equal", scale_attr, b.scalar_f(0.0)), default_scale, scale_attr, hint="scale")
     if not int(attrs["use_qk_l2norm"]):
         return b("Mul", qf, scale, hint="q_scaled"), kf, vf, gf, bf

@@ -134,7 +134,7 @@ def test_decode_body_matches_reference(gen, pool, gate_mode, dtype, decode_body,
     o_ref, s_ref = call_decode_ref(cast_inputs(io, torch.float64, torch.float64), **attrs)
     model, feeds = single_node_model(DECODE, attrs, io, dtype, decode_body=decode_body, static_shapes=static)
     if not pool:    # the body asked for, with Hv as the op's heads when the state's shape is static
-        want = f"_la{2 if static else 0}" if decode_body == "linear_attention" else "_state0"
+        want = ("_la2_hk1_k16" if static else "_la0") if decode_body == "linear_attention" else "_state0"
         assert model.graph.node[0].overload.endswith(want)
         assert decode_function_body(model) == decode_body
     before = [x.clone() for x in feeds]
@@ -148,6 +148,27 @@ def test_decode_body_matches_reference(gen, pool, gate_mode, dtype, decode_body,
         for r in range(s.shape[0]):
             if r not in used:   # rows of no sequence (and of skipped ones) stay bit-identical
                 assert torch.equal(s[r], io["state"][r])
+
+
+@_needs_la
+@pytest.mark.parametrize("gate_mode", [0, 1])
+@pytest.mark.parametrize("use_qk_l2norm", [1, 0])
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_la_decode_body_static_equal_heads(gen, gate_mode, use_qk_l2norm, scale):
+    """Static shapes with Hk = Hv: the LinearAttention decode body repeats no heads and computes no shapes (the
+    default scale 1/sqrt(K) a constant), and still matches the float64 reference, with the default scale and a
+    given one."""
+    inp = make_decode_inputs(gen, 4, 2, 2, K=16, V=8, gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm)
+    attrs = DECODE.attrs(gate_mode=gate_mode, use_qk_l2norm=use_qk_l2norm, scale=scale)
+    io = cast_inputs(inp, torch.float32)
+    o_ref, s_ref = call_decode_ref(cast_inputs(io, torch.float64, torch.float64), **attrs)
+    model, feeds = single_node_model(DECODE, attrs, io, torch.float32, decode_body="linear_attention",
+                                     static_shapes=True)
+    assert model.graph.node[0].overload.endswith("_la2_hk2_k16")
+    ops = {n.op_type for n in model.functions[0].node}
+    assert "LinearAttention" in ops and not ops & {"Shape", "Expand", "Div"}, ops
+    o, s = run_onnxruntime(model, feeds).values()
+    assert rel_err(o, o_ref) < FP32_TOL and rel_err(s, s_ref) < FP32_TOL
 
 
 def test_add_function_bodies_idempotent_and_checks_inputs(gen):
@@ -192,7 +213,7 @@ def prefill_decode_models(tmp_path_factory):
 
 def test_export_emits_one_gdn_node_per_op(prefill_decode_models):
     _, _, pre, dec = prefill_decode_models
-    dec_key = "gate0_l2norm0_state0" + ("_la2" if onnxruntime_has_linear_attention() else "")   # Hv = 2 heads
+    dec_key = "gate0_l2norm0_state0" + ("_la2_hk1_k16" if onnxruntime_has_linear_attention() else "")  # Hv 2, Hk 1, K 16
     for model, op, key in ((pre, "GatedDeltaPrefill", "gate1_l2norm1"), (dec, "GatedDeltaDecode", dec_key)):
         nodes = gdn_nodes(model)
         assert [(n.op_type, n.domain, n.overload) for n in nodes] == [(op, "gdn", key)]
