@@ -100,7 +100,8 @@ def value_info(name: str, rank: int, elem: int = FLOAT) -> onnx.ValueInfoProto:
 
 
 def prepare_inputs(b: GraphBuilder, q: str, k: str, v: str, g: str, beta: str, A_log: str | None,
-                   dt_bias: str | None, attrs: dict[str, Any], k_dim: int | None = None) -> tuple[str, str, str, str, str]:
+                   dt_bias: str | None, attrs: dict[str, Any],
+                   k_dim: int | None = None) -> tuple[str, str, str, str, str]:
     """float32 q (L2 norm, scale), k (L2 norm), v, log decay g and beta; q/k keep their Hk heads.
 
     Rows first, as the inputs: q, k [rows, Hk, K], v [rows, Hv, V], g, beta [rows, Hv]. ``k_dim``: K when the body
