@@ -45,7 +45,7 @@ from ..onnx_nodes import iter_gdn_nodes
 from ..spec import COMMIT, DECODE, PREFILL, SPEC, STATE_POOL, VERIFY, OpSpec
 from .onnx_chunked import chunked_prefill_body
 from .onnx_speculative import commit_body, verify_body
-from .onnx_graph import FLOAT, GraphBuilder, prepare_inputs, repeat_heads, value_info
+from .onnx_graph import FLOAT, GraphBuilder, graph_constants, prepare_inputs, repeat_heads, value_info
 
 __all__ = ["add_function_bodies", "overload_name", "make_function", "node_attrs", "function_body", "MIN_OPSET",
            "BODIES", "DEFAULT_BODY", "BODY_METADATA_KEY", "DECODE_BODIES", "DECODE_BODY_METADATA_KEY",
@@ -311,7 +311,7 @@ def make_function(op: OpSpec, attrs: dict[str, Any], opset: int, body: str = DEF
     imports = [helper.make_opsetid("", opset)]
     if la_heads is not None:
         imports.append(helper.make_opsetid(LA_DOMAIN, LA_VERSION))
-    ovl = overload_name(op, attrs, la_heads, la_static if la_heads is not None else None)
+    ovl = overload_name(op, attrs, la_heads, la_static)
     return helper.make_function(
         SPEC.domain, op.name, in_names, out_names, b.nodes, imports, attribute_protos=defaults, overload=ovl,
         doc_string=f"onnxruntime {what} of {SPEC.domain}::{op.name} for {ovl}"
@@ -361,16 +361,8 @@ def _static_dims(model: onnx.ModelProto, name: str, rank: int) -> list[int]:
 def _small_constant(model: onnx.ModelProto, name: str):
     """The value of ``name`` when an initializer with its data inline or a ``Constant`` node holds it; else None."""
     from onnx import numpy_helper
-    for t in model.graph.initializer:
-        if t.name == name:
-            external = t.data_location == onnx.TensorProto.EXTERNAL
-            return None if external else numpy_helper.to_array(t)
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.output and n.output[0] == name:
-            for a in n.attribute:
-                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                    return numpy_helper.to_array(a.t)
-    return None
+    t = graph_constants(model.graph)[1].get(name)
+    return None if t is None or t.data_location == onnx.TensorProto.EXTERNAL else numpy_helper.to_array(t)
 
 
 def _static_heads(model: onnx.ModelProto, node: onnx.NodeProto, state_index: int) -> int:

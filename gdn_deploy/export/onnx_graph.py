@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 
 from ..spec import GATE_RAW
 
-__all__ = ["GraphBuilder", "value_info", "prepare_inputs", "repeat_heads", "expand_nodes", "names_read", "FLOAT",
-           "INT64"]
+__all__ = ["GraphBuilder", "value_info", "prepare_inputs", "repeat_heads", "expand_nodes", "names_read",
+           "graph_constants", "FLOAT", "INT64"]
 
 FLOAT = TensorProto.FLOAT
 INT64 = TensorProto.INT64
@@ -92,6 +92,20 @@ def names_read(node: onnx.NodeProto) -> set[str]:
             for n in sub.node:
                 out |= names_read(n)
     return out
+
+
+def graph_constants(graph: onnx.GraphProto) -> tuple[set[str], dict[str, onnx.TensorProto]]:
+    """The names of ``graph``'s constants (initializers and ``Constant`` outputs) and the tensors that hold them
+    (a ``Constant`` by its ``value`` attribute)."""
+    names = {t.name for t in graph.initializer}
+    values = {t.name: t for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant":
+            names.update(n.output)
+            for a in n.attribute:
+                if a.name == "value":
+                    values[n.output[0]] = a.t
+    return names, values
 
 
 def value_info(name: str, rank: int, elem: int = FLOAT) -> onnx.ValueInfoProto:

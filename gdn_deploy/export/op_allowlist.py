@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import onnx
 
+from .onnx_graph import graph_constants
+
 __all__ = ["ALLOWED_OPS", "GDN_OPS", "ORT_ONLY_OPS", "ORT_BODY_OPS", "graph_op_problems"]
 
 GDN_OPS = frozenset({"GatedDeltaPrefill", "GatedDeltaDecode"})
@@ -43,23 +45,11 @@ _AXES_INPUT = {"Squeeze": 1, "Unsqueeze": 1, "ReduceSum": 1, "ReduceMean": 1, "R
 TOPK_MAX = 3840
 
 
-def _constants(graph: onnx.GraphProto) -> tuple[set[str], dict[str, onnx.TensorProto]]:
-    names = {t.name for t in graph.initializer}
-    values = {t.name: t for t in graph.initializer}
-    for n in graph.node:
-        if n.op_type == "Constant":
-            names.update(n.output)
-            for a in n.attribute:
-                if a.name == "value":
-                    values[n.output[0]] = a.t
-    return names, values
-
-
 def graph_op_problems(model: onnx.ModelProto, onnxruntime: bool = False) -> list[str]:
     """Problems of the main graph of ``model`` for onnxruntime + the TensorRT parser (empty: none);
     ``onnxruntime``: the graph is an onnxruntime one (``ORT_ONLY_OPS`` allowed)."""
     g = model.graph
-    consts, values = _constants(g)
+    consts, values = graph_constants(g)
     out = []
     for n in g.node:
         if n.domain not in ("", "ai.onnx"):
