@@ -219,16 +219,25 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
 // only the products form a chain: the rows of M_1 .. M_{G-2} stream through a kFixStages-deep cp.async pipeline
 // of kFixRows<K>-row blocks (running ahead across steps), the CTA's columns of S_s sit transposed in shared
 // memory (double-buffered over steps), and H_s is read into registers at the start of its step.
-// 256 threads: column tid % kFixCols, rows tid / kFixCols + 32 i.
-constexpr int kFixCols = 8, kFixThreads = 256, kFixRowGroups = kFixThreads / kFixCols, kFixStages = 3;
+// A step's products are shared-memory loads and FMAs (a 128-bit shared load costs 4 wavefronts whatever it
+// broadcasts), so each thread reuses what it loads and the K sum is split over lanes: threads = 16 row groups x 4
+// column pairs x kFixKq parts of the K sum (the low lane bits); a thread sums kFixRows / 16 rows x 2 columns over
+// its part (0.75 loaded values per FMA; one row x one column over all of K before, 1.5), and the lanes of a part
+// group reduce-scatter their sums by shuffles, each keeping 2 x rows / kFixKq outputs.
+constexpr int kFixCols = 8, kFixColPairs = kFixCols / 2, kFixRowGroups = 16, kFixStages = 3;
 template <int K>
-constexpr int kFixRows = K >= 256 ? kFixRowGroups : 2 * kFixRowGroups;  // rows of M per pipeline block
+constexpr int kFixKq = K >= 256 ? 4 : 8;  // parts of the K sum (lanes)
+template <int K>
+constexpr int kFixThreads = kFixRowGroups * kFixColPairs * kFixKq<K>;
+template <int K>
+constexpr int kFixRows = K >= 256 ? 2 * kFixRowGroups : 4 * kFixRowGroups;  // rows of M per pipeline block
 template <int K>
 struct CpFixSmem
 {
-    static constexpr int MS = K + 4;  // padded rows: the 4 row groups of a warp read 4 different banks
+    static constexpr int MS = K + 4;  // padded rows of M
+    static constexpr int SS = K + 8;  // padded rows of S^T: columns c, c + 2 start 16 banks apart (kFixKq 4)
     float m[kFixStages][kFixRows<K>][MS];
-    float sT[2][kFixCols][MS];  // S_s^T (this CTA's columns), double-buffered over the steps
+    float sT[2][kFixCols][SS];  // S_s^T (this CTA's columns), double-buffered over the steps
 };
 
 // Programmatic dependent launch (sm_90; kCpProgrammaticLaunch, off: measured slower at 1x64K): the context-parallel
@@ -271,17 +280,21 @@ __device__ __forceinline__ void cpAsyncWaitGroup()
 }
 
 template <int K>
-__global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
+__global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
 {
     using SM = CpFixSmem<K>;
-    constexpr int RB = kFixRows<K>, NB = K / RB, RPB = RB / kFixRowGroups, R = K / kFixRowGroups, MS = SM::MS;
+    constexpr int KQ = kFixKq<K>, NT = kFixThreads<K>;
+    constexpr int RB = kFixRows<K>, NB = K / RB, A = RB / kFixRowGroups, OPL = 2 * A / KQ, MS = SM::MS;
+    static_assert(OPL >= 1 && 2 * A % KQ == 0 && K % (4 * KQ) == 0, "fix-up tiling");
     extern __shared__ __align__(16) unsigned char smemRaw[];
     auto& sm = *reinterpret_cast<SM*>(smemRaw);
-    int const n = blockIdx.x, h = blockIdx.y, c = threadIdx.x % kFixCols, rg = threadIdx.x / kFixCols;
-    int const G = cw.segments, Hv = p.Hv, V = p.V, col = blockIdx.z * kFixCols + c;
+    int const n = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    int const kq = tid % KQ, cp = (tid / KQ) % kFixColPairs, rg = tid / (KQ * kFixColPairs);
+    int const G = cw.segments, Hv = p.Hv, V = p.V, col0 = blockIdx.z * kFixCols;
     int64_t const hmStride = (int64_t)Hv * K * (V + K);  // one segment's [Hv][K][V+K]
     float const* hm = cw.hm + ((int64_t)n * (G - 1) * Hv + h) * K * (V + K);
-    auto stOut = [&](int sg, int r) -> float& { return cw.st[(((int64_t)(n * G + sg) * Hv + h) * K + r) * V + col]; };
+    auto stOut = [&](int sg, int r, int c) -> float&
+    { return cw.st[(((int64_t)(n * G + sg) * Hv + h) * K + r) * V + col0 + c]; };
     cpWaitPreviousGrid();  // pass 1 (H_s, M_s) complete
     int const blocks = (G - 2) * NB;  // block f: rows (f % NB) * RB .. of M_{1 + f / NB}
     auto issue = [&](int f)
@@ -290,7 +303,7 @@ __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillP
         {
             float const* src = hm + (1 + f / NB) * hmStride + (int64_t)(f % NB) * RB * (V + K) + V;
             float* dst = &sm.m[f % kFixStages][0][0];
-            for (int i = threadIdx.x; i < RB * (K / 4); i += kFixThreads)
+            for (int i = tid; i < RB * (K / 4); i += NT)
             {
                 int const r = i / (K / 4), j = 4 * (i % (K / 4));
                 cpAsync16(dst + r * MS + j, src + (int64_t)r * (V + K) + j, 16);
@@ -302,16 +315,19 @@ __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillP
     for (int f = 0; f < kFixStages - 1; ++f)
         issue(f);
     int64_t const s0 = ((int64_t)n * Hv + h) * K * V;
-#pragma unroll
-    for (int i = 0; i < R; ++i)
+    for (int i = tid; i < K * kFixCols; i += NT)
     {
-        int const r = rg + kFixRowGroups * i;
-        stOut(0, r) = p.initialState ? p.initialState[s0 + (int64_t)r * V + col] : 0.f;
-        float const hv = hm[(int64_t)r * (V + K) + col];  // H_0 (from the initial state)
-        stOut(1, r) = hv;
+        int const r = i / kFixCols, c = i % kFixCols;
+        stOut(0, r, c) = p.initialState ? p.initialState[s0 + (int64_t)r * V + col0 + c] : 0.f;
+        float const hv = hm[(int64_t)r * (V + K) + col0 + c];  // H_0 (from the initial state)
+        stOut(1, r, c) = hv;
         sm.sT[0][c][r] = hv;
     }
-    float x[R];
+    // this lane's outputs of a block: o = kq * OPL + u (u < OPL) of the part group's 2A sums, row rg + 16 (o / 2)
+    // of the block, column 2 cp + o % 2
+    auto outRow = [&](int b, int u) { return b * RB + rg + kFixRowGroups * ((kq * OPL + u) / 2); };
+    auto outCol = [&](int u) { return 2 * cp + (kq * OPL + u) % 2; };
+    float x[NB][OPL];
     for (int f = 0; f < blocks; ++f)
     {
         int const sg = 1 + f / NB, b = f % NB, cur = (sg - 1) & 1;
@@ -319,45 +335,60 @@ __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillP
         {
             float const* hs = hm + sg * hmStride;
 #pragma unroll
-            for (int i = 0; i < R; ++i)
-                x[i] = hs[(int64_t)(rg + kFixRowGroups * i) * (V + K) + col];
+            for (int bb = 0; bb < NB; ++bb)
+#pragma unroll
+                for (int u = 0; u < OPL; ++u)
+                    x[bb][u] = hs[(int64_t)outRow(bb, u) * (V + K) + col0 + outCol(u)];
         }
         cpAsyncWaitGroup<kFixStages - 2>();
         __syncthreads();  // block f (and, at b == 0, S_sg^T) visible; block f - 1's buffer free
         issue(f + kFixStages - 1);
-        float const* mb = &sm.m[f % kFixStages][0][0];
-        float const* sv = &sm.sT[cur][c][0];
-        float acc[RPB];
+        float const* mb = &sm.m[f % kFixStages][rg][0];
+        float const* s0v = &sm.sT[cur][2 * cp][0];
+        float const* s1v = &sm.sT[cur][2 * cp + 1][0];
+        float acc[2 * A];
 #pragma unroll
-        for (int i = 0; i < RPB; ++i)
+        for (int i = 0; i < 2 * A; ++i)
             acc[i] = 0.f;
-#pragma unroll 8
-        for (int j = 0; j < K; j += 4)
-        {
-            float4 const sj = *reinterpret_cast<float4 const*>(sv + j);
 #pragma unroll
-            for (int i = 0; i < RPB; ++i)
+        for (int t = 0; t < K / (4 * KQ); ++t)
+        {
+            int const j = 4 * (kq + KQ * t);
+            float4 const a0 = *reinterpret_cast<float4 const*>(s0v + j);
+            float4 const a1 = *reinterpret_cast<float4 const*>(s1v + j);
+#pragma unroll
+            for (int i = 0; i < A; ++i)
             {
-                float4 const m = *reinterpret_cast<float4 const*>(mb + (rg + kFixRowGroups * i) * MS + j);
-                acc[i] = fmaf(m.x, sj.x, fmaf(m.y, sj.y, fmaf(m.z, sj.z, fmaf(m.w, sj.w, acc[i]))));
+                float4 const m = *reinterpret_cast<float4 const*>(mb + kFixRowGroups * i * MS + j);
+                acc[2 * i] = fmaf(m.x, a0.x, fmaf(m.y, a0.y, fmaf(m.z, a0.z, fmaf(m.w, a0.w, acc[2 * i]))));
+                acc[2 * i + 1] = fmaf(m.x, a1.x, fmaf(m.y, a1.y, fmaf(m.z, a1.z, fmaf(m.w, a1.w, acc[2 * i + 1]))));
             }
         }
+        // reduce-scatter over the KQ lanes of the K parts: lane bit KQ / 2 keeps one half of the 2A sums, the next
+        // bit one half of that, ..., so lane kq ends with outputs kq * OPL .. + OPL - 1 summed over all of K
+#pragma unroll
+        for (int m = KQ / 2, size = 2 * A; m >= 1; m /= 2, size /= 2)
+        {
+            bool const hi = kq & m;
+#pragma unroll
+            for (int i = 0; i < size / 2; ++i)
+            {
+                float const send = hi ? acc[i] : acc[size / 2 + i];
+                acc[i] = (hi ? acc[size / 2 + i] : acc[i]) + __shfl_xor_sync(0xffffffffu, send, m);
+            }
+        }
+        float const* rsum = acc;
 #pragma unroll
         for (int bb = 0; bb < NB; ++bb)  // (compile-time register indices)
             if (bb == b)
 #pragma unroll
-                for (int i = 0; i < RPB; ++i)
-                    x[bb * RPB + i] += acc[i];
-        if (b == NB - 1)
-        {
-#pragma unroll
-            for (int i = 0; i < R; ++i)
-            {
-                int const r = rg + kFixRowGroups * i;
-                sm.sT[cur ^ 1][c][r] = x[i];
-                stOut(sg + 1, r) = x[i];
-            }
-        }
+                for (int u = 0; u < OPL; ++u)
+                {
+                    float const v = x[bb][u] + rsum[u];
+                    int const r = outRow(bb, u), c = outCol(u);
+                    sm.sT[cur ^ 1][c][r] = v;  // S_{sg+1}^T, read after the next step's first barrier
+                    stOut(sg + 1, r, c) = v;
+                }
     }
     cpAsyncWaitAll();
 }
@@ -391,7 +422,7 @@ cudaError_t launchCp(
         auto kern = gdnPrefillCpFixKernel<K>;
         int const smem = int(sizeof(CpFixSmem<K>));
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        GDN_CUDA_TRY(cpLaunchDependent(kern, dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads, smem, stream, p, cw));
+        GDN_CUDA_TRY(cpLaunchDependent(kern, dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads<K>, smem, stream, p, cw));
     }
     if (pass2)
     {
