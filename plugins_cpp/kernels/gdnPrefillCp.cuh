@@ -217,26 +217,29 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
 // Fix-up: per (sequence, value head, kFixCols state columns), S_0 = initial state (or 0), S_1 = H_0,
 // S_{s+1} = M_s S_s + H_s in fp32, each S_s written to cw.st. Every M_s and H_s is in memory when it starts, so
 // only the products form a chain: the rows of M_1 .. M_{G-2} stream through a kFixStages-deep cp.async pipeline
-// of kFixRows<K>-row blocks (running ahead across steps), the CTA's columns of S_s sit transposed in shared
-// memory (double-buffered over steps), and H_s is read into registers at the start of its step.
+// of kFixRows-row blocks (all of M_s at K <= 128: one block and one barrier per step; 32 rows at K = 256), the
+// CTA's columns of S_s sit transposed in shared memory (double-buffered over steps), and H_s is read into
+// registers at the start of its step.
 // A step's products are shared-memory loads and FMAs (a 128-bit shared load costs 4 wavefronts whatever it
 // broadcasts), so each thread reuses what it loads and the K sum is split over lanes: threads = 16 row groups x 4
 // column pairs x kFixKq parts of the K sum (the low lane bits); a thread sums kFixRows / 16 rows x 2 columns over
-// its part (0.75 loaded values per FMA; one row x one column over all of K before, 1.5), and the lanes of a part
-// group reduce-scatter their sums by shuffles, each keeping 2 x rows / kFixKq outputs.
-constexpr int kFixCols = 8, kFixColPairs = kFixCols / 2, kFixRowGroups = 16, kFixStages = 3;
+// its part (0.625 loaded values per FMA at K = 128, 1 at K = 256; one row x one column over all of K before, 1.5),
+// and the lanes of a part group reduce-scatter their sums by shuffles, each keeping 2 x rows / kFixKq outputs.
+constexpr int kFixCols = 8, kFixColPairs = kFixCols / 2, kFixRowGroups = 16;
 template <int K>
 constexpr int kFixKq = K >= 256 ? 4 : 8;  // parts of the K sum (lanes)
 template <int K>
 constexpr int kFixThreads = kFixRowGroups * kFixColPairs * kFixKq<K>;
 template <int K>
-constexpr int kFixRows = K >= 256 ? 2 * kFixRowGroups : 4 * kFixRowGroups;  // rows of M per pipeline block
+constexpr int kFixRows = K >= 256 ? 2 * kFixRowGroups : K;  // rows of M per pipeline block
+template <int K>
+constexpr int kFixStages = K >= 256 ? 3 : 2;  // pipeline blocks in shared memory
 template <int K>
 struct CpFixSmem
 {
     static constexpr int MS = K + 4;  // padded rows of M
     static constexpr int SS = K + 8;  // padded rows of S^T: columns c, c + 2 start 16 banks apart (kFixKq 4)
-    float m[kFixStages][kFixRows<K>][MS];
+    float m[kFixStages<K>][kFixRows<K>][MS];
     float sT[2][kFixCols][SS];  // S_s^T (this CTA's columns), double-buffered over the steps
 };
 
@@ -279,6 +282,26 @@ __device__ __forceinline__ void cpAsyncWaitGroup()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Reduce-scatter of N sums over the lanes whose masks are M, M / 2, .., 1: the lane with bit M set keeps the upper
+// half (acc[0 .. N/2) then holds it), the other the lower, each adding its partner's copy; recursing to bit 1 leaves
+// lane bits (b_M .. b_1) with the sums (b_M .. b_1) x N / (2M) .. + N / (2M) - 1 in acc[0 ..).
+template <int M, int N>
+__device__ __forceinline__ void fixReduceScatter(float (&acc)[N], int kq)
+{
+    if constexpr (M >= 1)
+    {
+        bool const hi = kq & M;
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i)
+        {
+            float const send = hi ? acc[i] : acc[N / 2 + i];
+            acc[i] = (hi ? acc[N / 2 + i] : acc[i]) + __shfl_xor_sync(0xffffffffu, send, M);
+        }
+        float (&lower)[N / 2] = *reinterpret_cast<float (*)[N / 2]>(&acc[0]);
+        fixReduceScatter<M / 2, N / 2>(lower, kq);
+    }
+}
+
 template <int K>
 __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
 {
@@ -302,7 +325,7 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
         if (f < blocks)
         {
             float const* src = hm + (1 + f / NB) * hmStride + (int64_t)(f % NB) * RB * (V + K) + V;
-            float* dst = &sm.m[f % kFixStages][0][0];
+            float* dst = &sm.m[f % kFixStages<K>][0][0];
             for (int i = tid; i < RB * (K / 4); i += NT)
             {
                 int const r = i / (K / 4), j = 4 * (i % (K / 4));
@@ -312,7 +335,7 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
         cpAsyncCommit();
     };
 #pragma unroll
-    for (int f = 0; f < kFixStages - 1; ++f)
+    for (int f = 0; f < kFixStages<K> - 1; ++f)
         issue(f);
     int64_t const s0 = ((int64_t)n * Hv + h) * K * V;
     for (int i = tid; i < K * kFixCols; i += NT)
@@ -340,10 +363,10 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
                 for (int u = 0; u < OPL; ++u)
                     x[bb][u] = hs[(int64_t)outRow(bb, u) * (V + K) + col0 + outCol(u)];
         }
-        cpAsyncWaitGroup<kFixStages - 2>();
+        cpAsyncWaitGroup<kFixStages<K> - 2>();
         __syncthreads();  // block f (and, at b == 0, S_sg^T) visible; block f - 1's buffer free
-        issue(f + kFixStages - 1);
-        float const* mb = &sm.m[f % kFixStages][rg][0];
+        issue(f + kFixStages<K> - 1);
+        float const* mb = &sm.m[f % kFixStages<K>][rg][0];
         float const* s0v = &sm.sT[cur][2 * cp][0];
         float const* s1v = &sm.sT[cur][2 * cp + 1][0];
         float acc[2 * A];
@@ -364,19 +387,9 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
                 acc[2 * i + 1] = fmaf(m.x, a1.x, fmaf(m.y, a1.y, fmaf(m.z, a1.z, fmaf(m.w, a1.w, acc[2 * i + 1]))));
             }
         }
-        // reduce-scatter over the KQ lanes of the K parts: lane bit KQ / 2 keeps one half of the 2A sums, the next
-        // bit one half of that, ..., so lane kq ends with outputs kq * OPL .. + OPL - 1 summed over all of K
-#pragma unroll
-        for (int m = KQ / 2, size = 2 * A; m >= 1; m /= 2, size /= 2)
-        {
-            bool const hi = kq & m;
-#pragma unroll
-            for (int i = 0; i < size / 2; ++i)
-            {
-                float const send = hi ? acc[i] : acc[size / 2 + i];
-                acc[i] = (hi ? acc[size / 2 + i] : acc[i]) + __shfl_xor_sync(0xffffffffu, send, m);
-            }
-        }
+        // reduce-scatter over the KQ lanes of the K parts: lane kq ends with outputs kq * OPL .. + OPL - 1 summed
+        // over all of K
+        fixReduceScatter<KQ / 2, 2 * A>(acc, kq);
         float const* rsum = acc;
 #pragma unroll
         for (int bb = 0; bb < NB; ++bb)  // (compile-time register indices)
