@@ -282,9 +282,10 @@ __device__ __forceinline__ void cpAsyncWaitGroup()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Reduce-scatter of N sums over the lanes whose masks are M, M / 2, .., 1: the lane with bit M set keeps the upper
-// half (acc[0 .. N/2) then holds it), the other the lower, each adding its partner's copy; recursing to bit 1 leaves
-// lane bits (b_M .. b_1) with the sums (b_M .. b_1) x N / (2M) .. + N / (2M) - 1 in acc[0 ..).
+// Reduce-scatter of each lane's N partial sums over the 2M lanes that differ in the bits M, M / 2, .., 1: at bit m
+// the lane with it set keeps the upper half of its live sums, its partner (lane ^ m) the lower half, each adding
+// the other's copy, and the kept half moves to acc[0 ..). At the end lane j (its bits M .. 1) holds the totals of
+// sums j x N / (2M) .. (j + 1) x N / (2M) - 1 in acc[0 .. N / (2M)).
 template <int M, int N>
 __device__ __forceinline__ void fixReduceScatter(float (&acc)[N], int kq)
 {
