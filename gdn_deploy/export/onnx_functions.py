@@ -366,7 +366,7 @@ def _small_constant(model: onnx.ModelProto, name: str):
 
 
 def _static_heads(model: onnx.ModelProto, node: onnx.NodeProto, state_index: int) -> int:
-    """Hv of a decode node from its state input's static shape [B, Hv, K, V] (graph input or value_info); 0 if
+    """Hv of a decode node from its state input's static shape [B, Hv, K, V] (:func:`_static_dims`); 0 if
     unknown."""
     dims = _static_dims(model, node.input[state_index], 4)
     return dims[1] if dims else 0

@@ -193,14 +193,20 @@ bool isCpScan(PrefillScan s)
 // that N x G x Hv x V/64 scan CTAs fill the SMs once, segments of at least cpMinChunks chunks on average, at most
 // kCpMaxSegments; 1 (no context parallelism) below kCpMinSegments or where the one-pass scan's CTAs fill more than
 // 1/cpCtaShare of the SMs. Shapes only (no read of cu_seqlens).
+// Pass 1 of the automatic context-parallel scan runs on wgmma (from shapes only, as the workspace bound needs)
+bool cpPass1Wgmma(GdnPrefillParams const& p)
+{
+    return cfg::kCpPass1Wg && p.K <= 128;
+}
+
 int cpCtaShare(GdnPrefillParams const& p)
 {
-    return cfg::kCpPass1Wg && p.K <= 128 ? cfg::kCpCtaShareWg : cfg::kCpCtaShare;
+    return cpPass1Wgmma(p) ? cfg::kCpCtaShareWg : cfg::kCpCtaShare;
 }
 
 int cpMinChunks(GdnPrefillParams const& p)
 {
-    return cfg::kCpPass1Wg && p.K <= 128 ? cfg::kCpMinChunksWg : cfg::kCpMinChunks;
+    return cpPass1Wgmma(p) ? cfg::kCpMinChunksWg : cfg::kCpMinChunks;
 }
 
 int cpSegments(GdnPrefillParams const& p, int sms)

@@ -81,8 +81,9 @@ constexpr int kCpCtaShareWg = 4;
 constexpr int kCpCtaShare = 8;
 // Segments of at least kCpMinChunksWg chunks where pass 1 runs on wgmma (K <= 128; its fix-up steps are short:
 // 1x8K at G = 8 beat G = 4 on an H200, Hk=2 Hv=8 0.089 against 0.095 ms, K = V = 64 Hk=4 Hv=8 0.053 against 0.070;
-// Hk=2 Hv=8 1x4K at G = 4-8 about 0.075 against 0.10 without), kCpMinChunks elsewhere (K = 256: a fix-up step
-// costs ~19 us; 1x8K at G = 8 was no faster than at 4, 0.268-0.279 against 0.267 ms).
+// Hk=2 Hv=8 1x4K at G = 4-8 about 0.075 against 0.10 without), kCpMinChunks elsewhere (K = 256: with a fix-up step
+// of ~19 us, 1x8K at G = 8 was no faster than at 4, 0.268-0.279 against 0.267 ms; the split-K fix-up's ~14 us
+// steps have not been measured at G = 8 there).
 constexpr int kCpMinChunksWg = 16;
 constexpr int kCpMinChunks = 32;
 constexpr bool kCpAuto = true;

@@ -223,8 +223,7 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
 // A step's products are shared-memory loads and FMAs (a 128-bit shared load costs 4 wavefronts whatever it
 // broadcasts), so each thread reuses what it loads and the K sum is split over lanes: threads = 16 row groups x 4
 // column pairs x kFixKq parts of the K sum (the low lane bits); a thread sums kFixRows / 16 rows x 2 columns over
-// its part (0.625 loaded values per FMA at K = 128, 1 at K = 256; one row x one column over all of K before, 1.5),
-// and the lanes of a part group reduce-scatter their sums by shuffles, each keeping 2 x rows / kFixKq outputs.
+// its part (0.625 loaded values per FMA at K = 128, 1 at K = 256), and the lanes of a part group reduce-scatter their sums by shuffles, each keeping 2 x rows / kFixKq outputs.
 constexpr int kFixCols = 8, kFixColPairs = kFixCols / 2, kFixRowGroups = 16;
 template <int K>
 constexpr int kFixKq = K >= 256 ? 4 : 8;  // parts of the K sum (lanes)
@@ -391,14 +390,13 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
         // reduce-scatter over the KQ lanes of the K parts: lane kq ends with outputs kq * OPL .. + OPL - 1 summed
         // over all of K
         fixReduceScatter<KQ / 2, 2 * A>(acc, kq);
-        float const* rsum = acc;
 #pragma unroll
         for (int bb = 0; bb < NB; ++bb)  // (compile-time register indices)
             if (bb == b)
 #pragma unroll
                 for (int u = 0; u < OPL; ++u)
                 {
-                    float const v = x[bb][u] + rsum[u];
+                    float const v = x[bb][u] + acc[u];
                     int const r = outRow(bb, u), c = outCol(u);
                     sm.sT[cur ^ 1][c][r] = v;  // S_{sg+1}^T, read after the next step's first barrier
                     stOut(sg + 1, r, c) = v;
