@@ -216,30 +216,30 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
 
 // Fix-up: per (sequence, value head, kFixCols state columns), S_0 = initial state (or 0), S_1 = H_0,
 // S_{s+1} = M_s S_s + H_s in fp32, each S_s written to cw.st. Every M_s and H_s is in memory when it starts, so
-// only the products form a chain: the rows of M_1 .. M_{G-2} stream through a kFixStages-deep cp.async pipeline
-// of kFixRows-row blocks (all of M_s at K <= 128: one block and one barrier per step; 32 rows at K = 256), the
-// CTA's columns of S_s sit transposed in shared memory (double-buffered over steps), and H_s is read into
-// registers at the start of its step.
-// A step's products are shared-memory loads and FMAs (a 128-bit shared load costs 4 wavefronts whatever it
-// broadcasts), so each thread reuses what it loads and the K sum is split over lanes: threads = 16 row groups x 4
-// column pairs x kFixKq parts of the K sum (the low lane bits); a thread sums kFixRows / 16 rows x 2 columns over
-// its part (0.625 loaded values per FMA at K = 128, 1 at K = 256), and the lanes of a part group reduce-scatter their sums by shuffles, each keeping 2 x rows / kFixKq outputs.
-constexpr int kFixCols = 8, kFixColPairs = kFixCols / 2, kFixRowGroups = 16;
+// only the products form a chain: the rows of M_1 .. M_{G-2} stream through a two-stage cp.async pipeline of
+// kFixRows-row blocks (all of M_s at K <= 128: one block and one barrier per step; 64 rows at K = 256), the CTA's
+// columns of S_s sit transposed in shared memory (double-buffered over steps), and H_s is read into registers at
+// the start of its step.
+// The products run on tf32 tensor cores in three terms (3xTF32: x = hi + lo, both tf32; hi.hi + hi.lo + lo.hi,
+// each term in its own accumulator), which keeps fp32 accuracy: a warp computes one 16-row tile of a block x the
+// 8 columns (mma m16n8k8) over a part of K; where a block has fewer than 8 row tiles (K = 64, and the 64-row blocks
+// of K = 256) kFixKSplit warps share a tile's K sum and add their parts through shared memory.
+constexpr int kFixCols = 8, kFixWarps = 8, kFixThreads = 32 * kFixWarps;
 template <int K>
-constexpr int kFixKq = K >= 256 ? 4 : 8;  // parts of the K sum (lanes)
+constexpr int kFixRows = K >= 256 ? 64 : K;  // rows of M per pipeline block
+constexpr int kFixStages = 2;                // pipeline blocks in shared memory
 template <int K>
-constexpr int kFixThreads = kFixRowGroups * kFixColPairs * kFixKq<K>;
+constexpr int kFixRowTiles = kFixRows<K> / 16;  // 16-row mma tiles per block
 template <int K>
-constexpr int kFixRows = K >= 256 ? 2 * kFixRowGroups : K;  // rows of M per pipeline block
-template <int K>
-constexpr int kFixStages = K >= 256 ? 3 : 2;  // pipeline blocks in shared memory
+constexpr int kFixKSplit = kFixWarps / kFixRowTiles<K>;  // warps sharing one tile's K sum
 template <int K>
 struct CpFixSmem
 {
-    static constexpr int MS = K + 4;  // padded rows of M
-    static constexpr int SS = K + 8;  // padded rows of S^T: columns c, c + 2 start 16 banks apart (kFixKq 4)
-    float m[kFixStages<K>][kFixRows<K>][MS];
+    static constexpr int MS = K + 4;  // padded rows of M: conflict-free A fragments
+    static constexpr int SS = K + 4;  // padded rows of S^T: conflict-free B fragments and transposed stores
+    float m[kFixStages][kFixRows<K>][MS];
     float sT[2][kFixCols][SS];  // S_s^T (this CTA's columns), double-buffered over the steps
+    float red[kFixKSplit<K> > 1 ? kFixKSplit<K> - 1 : 1][kFixRowTiles<K>][32][4];  // K-split parts (C fragments)
 };
 
 // Programmatic dependent launch (sm_90; kCpProgrammaticLaunch, off: measured slower at 1x64K): the context-parallel
@@ -281,38 +281,25 @@ __device__ __forceinline__ void cpAsyncWaitGroup()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Reduce-scatter of each lane's N partial sums over the 2M lanes that differ in the bits M, M / 2, .., 1: at bit m
-// the lane with it set keeps the upper half of its live sums, its partner (lane ^ m) the lower half, each adding
-// the other's copy, and the kept half moves to acc[0 ..). At the end lane j (its bits M .. 1) holds the totals of
-// sums j x N / (2M) .. (j + 1) x N / (2M) - 1 in acc[0 .. N / (2M)).
-template <int M, int N>
-__device__ __forceinline__ void fixReduceScatter(float (&acc)[N], int kq)
+// x as the two tf32 terms of 3xTF32: hi (x rounded to tf32) and lo (x - hi rounded to tf32)
+__device__ __forceinline__ void splitTf32(float x, uint32_t& hi, uint32_t& lo)
 {
-    if constexpr (M >= 1)
-    {
-        bool const hi = kq & M;
-#pragma unroll
-        for (int i = 0; i < N / 2; ++i)
-        {
-            float const send = hi ? acc[i] : acc[N / 2 + i];
-            acc[i] = (hi ? acc[N / 2 + i] : acc[i]) + __shfl_xor_sync(0xffffffffu, send, M);
-        }
-        float (&lower)[N / 2] = *reinterpret_cast<float (*)[N / 2]>(&acc[0]);
-        fixReduceScatter<M / 2, N / 2>(lower, kq);
-    }
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    lo = toTf32(x - __uint_as_float(hi));
 }
 
 template <int K>
-__global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
+__global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
 {
     using SM = CpFixSmem<K>;
-    constexpr int KQ = kFixKq<K>, NT = kFixThreads<K>;
-    constexpr int RB = kFixRows<K>, NB = K / RB, A = RB / kFixRowGroups, OPL = 2 * A / KQ, MS = SM::MS;
-    static_assert(OPL >= 1 && 2 * A % KQ == 0 && K % (4 * KQ) == 0, "fix-up tiling");
+    constexpr int RB = kFixRows<K>, NB = K / RB, RT = kFixRowTiles<K>, KS = kFixKSplit<K>, MS = SM::MS;
+    constexpr int KP = K / KS, STEPS = KP / 8;  // a warp's part of the K sum, in k8 steps
+    static_assert(RT * KS == kFixWarps && KP % 8 == 0, "fix-up tiling");
     extern __shared__ __align__(16) unsigned char smemRaw[];
     auto& sm = *reinterpret_cast<SM*>(smemRaw);
     int const n = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-    int const kq = tid % KQ, cp = (tid / KQ) % kFixColPairs, rg = tid / (KQ * kFixColPairs);
+    int const warp = tid / 32, lane = tid % 32, g = lane >> 2, q = lane & 3;
+    int const rt = warp % RT, ks = warp / RT, k0 = ks * KP;  // this warp's row tile and part of K
     int const G = cw.segments, Hv = p.Hv, V = p.V, col0 = blockIdx.z * kFixCols;
     int64_t const hmStride = (int64_t)Hv * K * (V + K);  // one segment's [Hv][K][V+K]
     float const* hm = cw.hm + ((int64_t)n * (G - 1) * Hv + h) * K * (V + K);
@@ -325,8 +312,8 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
         if (f < blocks)
         {
             float const* src = hm + (1 + f / NB) * hmStride + (int64_t)(f % NB) * RB * (V + K) + V;
-            float* dst = &sm.m[f % kFixStages<K>][0][0];
-            for (int i = tid; i < RB * (K / 4); i += NT)
+            float* dst = &sm.m[f % kFixStages][0][0];
+            for (int i = tid; i < RB * (K / 4); i += kFixThreads)
             {
                 int const r = i / (K / 4), j = 4 * (i % (K / 4));
                 cpAsync16(dst + r * MS + j, src + (int64_t)r * (V + K) + j, 16);
@@ -335,10 +322,10 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
         cpAsyncCommit();
     };
 #pragma unroll
-    for (int f = 0; f < kFixStages<K> - 1; ++f)
+    for (int f = 0; f < kFixStages - 1; ++f)
         issue(f);
     int64_t const s0 = ((int64_t)n * Hv + h) * K * V;
-    for (int i = tid; i < K * kFixCols; i += NT)
+    for (int i = tid; i < K * kFixCols; i += kFixThreads)
     {
         int const r = i / kFixCols, c = i % kFixCols;
         stOut(0, r, c) = p.initialState ? p.initialState[s0 + (int64_t)r * V + col0 + c] : 0.f;
@@ -346,61 +333,86 @@ __global__ void __launch_bounds__(kFixThreads<K>) gdnPrefillCpFixKernel(GdnPrefi
         stOut(1, r, c) = hv;
         sm.sT[0][c][r] = hv;
     }
-    // this lane's outputs of a block: o = kq * OPL + u (u < OPL) of the part group's 2A sums, row rg + 16 (o / 2)
-    // of the block, column 2 cp + o % 2
-    auto outRow = [&](int b, int u) { return b * RB + rg + kFixRowGroups * ((kq * OPL + u) / 2); };
-    auto outCol = [&](int u) { return 2 * cp + (kq * OPL + u) % 2; };
-    float x[NB][OPL];
+    // this lane's outputs of block b (C fragment, warps of part 0): rows b * RB + 16 rt + g (+ 8), columns 2q, 2q + 1
+    auto outRow = [&](int b, int half) { return b * RB + 16 * rt + g + 8 * half; };
+    float x[NB][4];                   // H_s at those outputs
+    uint32_t bh[STEPS][2], bl[STEPS][2];  // B fragments of S_s (k = q, q + 4 of each k8 step; n = g), hi and lo
     for (int f = 0; f < blocks; ++f)
     {
         int const sg = 1 + f / NB, b = f % NB, cur = (sg - 1) & 1;
-        if (b == 0)
+        if (b == 0 && ks == 0)
         {
-            float const* hs = hm + sg * hmStride;
+            float const* hs = hm + sg * hmStride + col0 + 2 * q;
 #pragma unroll
             for (int bb = 0; bb < NB; ++bb)
 #pragma unroll
-                for (int u = 0; u < OPL; ++u)
-                    x[bb][u] = hs[(int64_t)outRow(bb, u) * (V + K) + col0 + outCol(u)];
+                for (int half = 0; half < 2; ++half)
+                {
+                    float2 const v = *reinterpret_cast<float2 const*>(hs + (int64_t)outRow(bb, half) * (V + K));
+                    x[bb][2 * half] = v.x;
+                    x[bb][2 * half + 1] = v.y;
+                }
         }
-        cpAsyncWaitGroup<kFixStages<K> - 2>();
+        cpAsyncWaitGroup<kFixStages - 2>();
         __syncthreads();  // block f (and, at b == 0, S_sg^T) visible; block f - 1's buffer free
-        issue(f + kFixStages<K> - 1);
-        float const* mb = &sm.m[f % kFixStages<K>][rg][0];
-        float const* s0v = &sm.sT[cur][2 * cp][0];
-        float const* s1v = &sm.sT[cur][2 * cp + 1][0];
-        float acc[2 * A];
-#pragma unroll
-        for (int i = 0; i < 2 * A; ++i)
-            acc[i] = 0.f;
-#pragma unroll
-        for (int t = 0; t < K / (4 * KQ); ++t)
+        issue(f + kFixStages - 1);
+        if (b == 0)
         {
-            int const j = 4 * (kq + KQ * t);
-            float4 const a0 = *reinterpret_cast<float4 const*>(s0v + j);
-            float4 const a1 = *reinterpret_cast<float4 const*>(s1v + j);
+            float const* sv = &sm.sT[cur][g][k0 + q];
 #pragma unroll
-            for (int i = 0; i < A; ++i)
+            for (int j = 0; j < STEPS; ++j)
             {
-                float4 const m = *reinterpret_cast<float4 const*>(mb + kFixRowGroups * i * MS + j);
-                acc[2 * i] = fmaf(m.x, a0.x, fmaf(m.y, a0.y, fmaf(m.z, a0.z, fmaf(m.w, a0.w, acc[2 * i]))));
-                acc[2 * i + 1] = fmaf(m.x, a1.x, fmaf(m.y, a1.y, fmaf(m.z, a1.z, fmaf(m.w, a1.w, acc[2 * i + 1]))));
+                splitTf32(sv[8 * j], bh[j][0], bl[j][0]);
+                splitTf32(sv[8 * j + 4], bh[j][1], bl[j][1]);
             }
         }
-        // reduce-scatter over the KQ lanes of the K parts: lane kq ends with outputs kq * OPL .. + OPL - 1 summed
-        // over all of K
-        fixReduceScatter<KQ / 2, 2 * A>(acc, kq);
+        float const* mb = &sm.m[f % kFixStages][16 * rt + g][k0 + q];
+        float dhh[4] = {0.f, 0.f, 0.f, 0.f}, dhl[4] = {0.f, 0.f, 0.f, 0.f}, dlh[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int bb = 0; bb < NB; ++bb)  // (compile-time register indices)
-            if (bb == b)
+        for (int j = 0; j < STEPS; ++j)
+        {
+            float const a[4] = {mb[8 * j], mb[8 * MS + 8 * j], mb[8 * j + 4], mb[8 * MS + 8 * j + 4]};
+            uint32_t ah[4], al[4];
 #pragma unroll
-                for (int u = 0; u < OPL; ++u)
+            for (int i = 0; i < 4; ++i)
+                splitTf32(a[i], ah[i], al[i]);
+            mmaTf32(dlh, al, bh[j][0], bh[j][1]);
+            mmaTf32(dhl, ah, bl[j][0], bl[j][1]);
+            mmaTf32(dhh, ah, bh[j][0], bh[j][1]);
+        }
+        float acc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            acc[i] = dhh[i] + (dhl[i] + dlh[i]);
+        if constexpr (KS > 1)
+        {
+            if (ks > 0)
+                *reinterpret_cast<float4*>(&sm.red[ks - 1][rt][lane][0]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            __syncthreads();  // the other parts' sums visible (read before the next block's first barrier)
+            if (ks == 0)
+#pragma unroll
+                for (int o = 0; o < KS - 1; ++o)
                 {
-                    float const v = x[bb][u] + acc[u];
-                    int const r = outRow(bb, u), c = outCol(u);
-                    sm.sT[cur ^ 1][c][r] = v;  // S_{sg+1}^T, read after the next step's first barrier
-                    stOut(sg + 1, r, c) = v;
+                    float4 const r = *reinterpret_cast<float4 const*>(&sm.red[o][rt][lane][0]);
+                    acc[0] += r.x;
+                    acc[1] += r.y;
+                    acc[2] += r.z;
+                    acc[3] += r.w;
                 }
+        }
+        if (ks == 0)
+#pragma unroll
+            for (int bb = 0; bb < NB; ++bb)  // (compile-time register indices)
+                if (bb == b)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+                    {
+                        int const r = outRow(bb, half);
+                        float const v0 = x[bb][2 * half] + acc[2 * half], v1 = x[bb][2 * half + 1] + acc[2 * half + 1];
+                        sm.sT[cur ^ 1][2 * q][r] = v0;  // S_{sg+1}^T, read after the next step's first barrier
+                        sm.sT[cur ^ 1][2 * q + 1][r] = v1;
+                        *reinterpret_cast<float2*>(&stOut(sg + 1, r, 2 * q)) = make_float2(v0, v1);
+                    }
     }
     cpAsyncWaitAll();
 }
@@ -434,7 +446,7 @@ cudaError_t launchCp(
         auto kern = gdnPrefillCpFixKernel<K>;
         int const smem = int(sizeof(CpFixSmem<K>));
         GDN_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        GDN_CUDA_TRY(cpLaunchDependent(kern, dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads<K>, smem, stream, p, cw));
+        GDN_CUDA_TRY(cpLaunchDependent(kern, dim3(p.N, p.Hv, p.V / kFixCols), kFixThreads, smem, stream, p, cw));
     }
     if (pass2)
     {
