@@ -27,7 +27,8 @@ from prefill_inputs import ours_prefill_params, prefill_case_inputs  # noqa: E40
 CASES = [("Hk2Hv8 1x64K", [65536], (2, 8, 128, 128)), ("Hk4Hv8 1x64K", [65536], (4, 8, 128, 128)),
          ("d64 Hk4Hv8 1x64K", [65536], (4, 8, 64, 64)), ("Hk2Hv8 1x8K", [8192], (2, 8, 128, 128)),
          ("d64 Hk4Hv8 1x8K", [8192], (4, 8, 64, 64)), ("d256 Hk2Hv4 1x64K", [65536], (2, 4, 256, 256)),
-         ("d256 Hk2Hv4 1x8K", [8192], (2, 4, 256, 256)), ("Hk2Hv8 1x4K", [4096], (2, 8, 128, 128))]
+         ("d256 Hk2Hv4 1x8K", [8192], (2, 4, 256, 256)), ("Hk2Hv8 1x4K", [4096], (2, 8, 128, 128)),
+         ("d256 Hk2Hv4 1x4K", [4096], (2, 4, 256, 256))]
 
 # kernel name fragment -> phase
 PHASES = [("PrepKernel", "prep"), ("CpPass1Wg", "pass1"), ("CpKernel", "cpmma"), ("CpFix", "fix"),

@@ -190,7 +190,7 @@ bool isCpScan(PrefillScan s)
 }
 
 // Segments per sequence of the context-parallel scan on a device of `sms` SMs [Context-parallel prefill]: enough
-// that N x G x Hv x V/64 scan CTAs fill the SMs once, segments of at least cpMinChunks chunks on average, at most
+// that N x G x Hv x V/64 scan CTAs fill the SMs once, segments of at least kCpMinChunks chunks on average, at most
 // kCpMaxSegments; 1 (no context parallelism) below kCpMinSegments or where the one-pass scan's CTAs fill more than
 // 1/cpCtaShare of the SMs. Shapes only (no read of cu_seqlens).
 // Pass 1 of the automatic context-parallel scan runs on wgmma (from shapes only, as the workspace bound needs)
@@ -204,11 +204,6 @@ int cpCtaShare(GdnPrefillParams const& p)
     return cpPass1Wgmma(p) ? cfg::kCpCtaShareWg : cfg::kCpCtaShare;
 }
 
-int cpMinChunks(GdnPrefillParams const& p)
-{
-    return cpPass1Wgmma(p) ? cfg::kCpMinChunksWg : cfg::kCpMinChunks;
-}
-
 int cpSegments(GdnPrefillParams const& p, int sms)
 {
     if (p.ioType == DType::kFloat32 || p.N <= 0)
@@ -216,7 +211,7 @@ int cpSegments(GdnPrefillParams const& p, int sms)
     int64_t const ctas = int64_t(p.N) * p.Hv * (p.V / 64);
     if (ctas * cpCtaShare(p) > sms)
         return 1;
-    int64_t g = std::min<int64_t>(sms / std::max<int64_t>(ctas, 1), int64_t(p.T) / kC / p.N / cpMinChunks(p));
+    int64_t g = std::min<int64_t>(sms / std::max<int64_t>(ctas, 1), int64_t(p.T) / kC / p.N / cfg::kCpMinChunks);
     g = std::min<int64_t>(g, cfg::kCpMaxSegments);
     return g >= std::max(cfg::kCpMinSegments, 2) ? int(g) : 1;
 }
@@ -230,7 +225,7 @@ int64_t cpAutoSlots(GdnPrefillParams const& p)
     if (p.ioType == DType::kFloat32 || p.N <= 0 || headCtas * cpCtaShare(p) > cfg::kCpSmBound)
         return 0;  // (no N gets context parallelism on any device up to kCpSmBound SMs)
     int64_t s = std::min<int64_t>(int64_t(p.N) * cfg::kCpMaxSegments, cfg::kCpSmBound / (int64_t(p.Hv) * (p.V / 64)));
-    s = std::min<int64_t>(s, int64_t(p.T) / kC / cpMinChunks(p));
+    s = std::min<int64_t>(s, int64_t(p.T) / kC / cfg::kCpMinChunks);
     return s >= std::max(cfg::kCpMinSegments, 2) ? s : 0;
 }
 

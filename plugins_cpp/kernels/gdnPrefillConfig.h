@@ -69,7 +69,7 @@ constexpr int kBesideSmShare = 2;
 
 // ---- context-parallel prefill [Context-parallel prefill]
 // Segments per sequence: as many as make N x G x Hv x V/64 scan CTAs fill the SMs once, each segment at least
-// cpMinChunks chunks long (on average over the batch), at most kCpMaxSegments; the automatic scan is kCp where
+// kCpMinChunks chunks long (on average over the batch), at most kCpMaxSegments; the automatic scan is kCp where
 // this gives G >= kCpMinSegments and kCpAuto
 constexpr int kCpMaxSegments = 16;
 constexpr int kCpMinSegments = 4;
@@ -79,13 +79,11 @@ constexpr int kCpMinSegments = 4;
 // (K = 256) 1/8: Hk=4 Hv=16 at 4 segments was slower there (1x64K 1.183 against 1.029 ms on an H100).
 constexpr int kCpCtaShareWg = 4;
 constexpr int kCpCtaShare = 8;
-// Segments of at least kCpMinChunksWg chunks where pass 1 runs on wgmma (K <= 128; its fix-up steps are short:
-// 1x8K at G = 8 beat G = 4 on an H200, Hk=2 Hv=8 0.089 against 0.095 ms, K = V = 64 Hk=4 Hv=8 0.053 against 0.070;
-// Hk=2 Hv=8 1x4K at G = 4-8 about 0.075 against 0.10 without), kCpMinChunks elsewhere (K = 256: with a fix-up step
-// of ~19 us, 1x8K at G = 8 was no faster than at 4, 0.268-0.279 against 0.267 ms; the split-K fix-up's ~14 us
-// steps have not been measured at G = 8 there).
-constexpr int kCpMinChunksWg = 16;
-constexpr int kCpMinChunks = 32;
+// Segments of at least kCpMinChunks chunks: with the fix-up's steps on tensor cores (~2.4 us at K = 128, ~8 us at
+// K = 256 on an H200), 1x8K at G = 8 beat G = 4: Hk=2 Hv=8 0.089 against 0.095 ms, K = V = 64 Hk=4 Hv=8 0.053
+// against 0.070, K = V = 256 Hk=2 Hv=4 0.210 against 0.248 (span); Hk=2 Hv=8 1x4K at G = 4-8 about 0.075 against
+// 0.10 without.
+constexpr int kCpMinChunks = 16;
 constexpr bool kCpAuto = true;
 // The automatic context-parallel scan runs pass 1 on wgmma (kCpWg) where that runs [Pass 1 on wgmma].
 constexpr bool kCpPass1Wg = true;

@@ -224,10 +224,16 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
 // each term in its own accumulator), which keeps fp32 accuracy: a warp computes one 16-row tile of a block x the
 // 8 columns (mma m16n8k8) over a part of K; where a block has fewer than 8 row tiles (K = 64, and the 64-row blocks
 // of K = 256) kFixKSplit warps share a tile's K sum and add their parts through shared memory.
-constexpr int kFixCols = 8, kFixWarps = 8, kFixThreads = 32 * kFixWarps;
+constexpr int kFixCols = 8, kFixWarps = 8, kFixThreads = 32 * kFixWarps, kFixStages = 2;
+constexpr int kFixSmemBudget = 160 * 1024;  // within every sm_80+ part's opt-in shared memory per block
 template <int K>
-constexpr int kFixRows = K >= 256 ? 64 : K;  // rows of M per pipeline block
-constexpr int kFixStages = 2;                // pipeline blocks in shared memory
+constexpr int kFixSmemBytes(int rows)  // M blocks + S^T + K-split parts
+{
+    return 4 * (kFixStages * rows * (K + 4) + 2 * kFixCols * (K + 4)
+               + (rows < 128 ? (8 / (rows / 16) - 1) * (rows / 16) : 1) * 32 * (kFixCols / 2));
+}
+template <int K>  // rows of M per pipeline block: all of M_s where it fits, else 64 or 32
+constexpr int kFixRows = kFixSmemBytes<K>(K) <= kFixSmemBudget ? K : kFixSmemBytes<K>(64) <= kFixSmemBudget ? 64 : 32;
 template <int K>
 constexpr int kFixRowTiles = kFixRows<K> / 16;  // 16-row mma tiles per block
 template <int K>
@@ -235,11 +241,12 @@ constexpr int kFixKSplit = kFixWarps / kFixRowTiles<K>;  // warps sharing one ti
 template <int K>
 struct CpFixSmem
 {
+    static constexpr int RT = kFixRowTiles<K>, KS = kFixKSplit<K>;
     static constexpr int MS = K + 4;  // padded rows of M: conflict-free A fragments
     static constexpr int SS = K + 4;  // padded rows of S^T: conflict-free B fragments and transposed stores
     float m[kFixStages][kFixRows<K>][MS];
     float sT[2][kFixCols][SS];  // S_s^T (this CTA's columns), double-buffered over the steps
-    float red[kFixKSplit<K> > 1 ? kFixKSplit<K> - 1 : 1][kFixRowTiles<K>][32][4];  // K-split parts (C fragments)
+    float red[KS > 1 ? KS - 1 : 1][KS > 1 ? RT : 1][32][kFixCols / 2];  // K-split parts (C fragments of the n8 tiles)
 };
 
 // Programmatic dependent launch (sm_90; kCpProgrammaticLaunch, off: measured slower at 1x64K): the context-parallel
@@ -292,15 +299,16 @@ template <int K>
 __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillParams const p, CpWs const cw)
 {
     using SM = CpFixSmem<K>;
-    constexpr int RB = kFixRows<K>, NB = K / RB, RT = kFixRowTiles<K>, KS = kFixKSplit<K>, MS = SM::MS;
+    static_assert(sizeof(SM) <= kFixSmemBudget, "fix-up shared memory");
+    constexpr int C = kFixCols, RB = kFixRows<K>, NB = K / RB, RT = SM::RT, KS = SM::KS, MS = SM::MS, NT = C / 8;
     constexpr int KP = K / KS, STEPS = KP / 8;  // a warp's part of the K sum, in k8 steps
-    static_assert(RT * KS == kFixWarps && KP % 8 == 0, "fix-up tiling");
-    extern __shared__ __align__(16) unsigned char smemRaw[];
+    static_assert(RT * KS == kFixWarps && KP % 8 == 0 && C % 8 == 0, "fix-up tiling");
+        extern __shared__ __align__(16) unsigned char smemRaw[];
     auto& sm = *reinterpret_cast<SM*>(smemRaw);
     int const n = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int const warp = tid / 32, lane = tid % 32, g = lane >> 2, q = lane & 3;
     int const rt = warp % RT, ks = warp / RT, k0 = ks * KP;  // this warp's row tile and part of K
-    int const G = cw.segments, Hv = p.Hv, V = p.V, col0 = blockIdx.z * kFixCols;
+    int const G = cw.segments, Hv = p.Hv, V = p.V, col0 = blockIdx.z * C;
     int64_t const hmStride = (int64_t)Hv * K * (V + K);  // one segment's [Hv][K][V+K]
     float const* hm = cw.hm + ((int64_t)n * (G - 1) * Hv + h) * K * (V + K);
     auto stOut = [&](int sg, int r, int c) -> float&
@@ -325,49 +333,40 @@ __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillP
     for (int f = 0; f < kFixStages - 1; ++f)
         issue(f);
     int64_t const s0 = ((int64_t)n * Hv + h) * K * V;
-    for (int i = tid; i < K * kFixCols; i += kFixThreads)
+    for (int i = tid; i < K * C; i += kFixThreads)
     {
-        int const r = i / kFixCols, c = i % kFixCols;
+        int const r = i / C, c = i % C;
         stOut(0, r, c) = p.initialState ? p.initialState[s0 + (int64_t)r * V + col0 + c] : 0.f;
         float const hv = hm[(int64_t)r * (V + K) + col0 + c];  // H_0 (from the initial state)
         stOut(1, r, c) = hv;
         sm.sT[0][c][r] = hv;
     }
-    // this lane's outputs of block b (C fragment, warps of part 0): rows b * RB + 16 rt + g (+ 8), columns 2q, 2q + 1
+    // this lane's outputs of block b (C fragments, warps of part 0): rows b * RB + 16 rt + g (+ 8), columns
+    // 8 nt + 2q, + 1 of each n8 tile nt
     auto outRow = [&](int b, int half) { return b * RB + 16 * rt + g + 8 * half; };
-    float x[NB][4];                   // H_s at those outputs
-    uint32_t bh[STEPS][2], bl[STEPS][2];  // B fragments of S_s (k = q, q + 4 of each k8 step; n = g), hi and lo
+    float x[NT][4];  // H_s at those outputs of the block
     for (int f = 0; f < blocks; ++f)
     {
         int const sg = 1 + f / NB, b = f % NB, cur = (sg - 1) & 1;
-        if (b == 0 && ks == 0)
+        if (ks == 0)
         {
             float const* hs = hm + sg * hmStride + col0 + 2 * q;
 #pragma unroll
-            for (int bb = 0; bb < NB; ++bb)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
                 {
-                    float2 const v = *reinterpret_cast<float2 const*>(hs + (int64_t)outRow(bb, half) * (V + K));
-                    x[bb][2 * half] = v.x;
-                    x[bb][2 * half + 1] = v.y;
+                    float2 const v = *reinterpret_cast<float2 const*>(hs + (int64_t)outRow(b, half) * (V + K) + 8 * nt);
+                    x[nt][2 * half] = v.x;
+                    x[nt][2 * half + 1] = v.y;
                 }
         }
         cpAsyncWaitGroup<kFixStages - 2>();
         __syncthreads();  // block f (and, at b == 0, S_sg^T) visible; block f - 1's buffer free
         issue(f + kFixStages - 1);
-        if (b == 0)
-        {
-            float const* sv = &sm.sT[cur][g][k0 + q];
-#pragma unroll
-            for (int j = 0; j < STEPS; ++j)
-            {
-                splitTf32(sv[8 * j], bh[j][0], bl[j][0]);
-                splitTf32(sv[8 * j + 4], bh[j][1], bl[j][1]);
-            }
-        }
         float const* mb = &sm.m[f % kFixStages][16 * rt + g][k0 + q];
-        float dhh[4] = {0.f, 0.f, 0.f, 0.f}, dhl[4] = {0.f, 0.f, 0.f, 0.f}, dlh[4] = {0.f, 0.f, 0.f, 0.f};
+        float const* sv = &sm.sT[cur][g][k0 + q];  // B fragments: k = q, q + 4 of each k8 step, n = g
+        float dhh[NT][4] = {}, dhl[NT][4] = {}, dlh[NT][4] = {};
 #pragma unroll
         for (int j = 0; j < STEPS; ++j)
         {
@@ -376,43 +375,56 @@ __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillP
 #pragma unroll
             for (int i = 0; i < 4; ++i)
                 splitTf32(a[i], ah[i], al[i]);
-            mmaTf32(dlh, al, bh[j][0], bh[j][1]);
-            mmaTf32(dhl, ah, bl[j][0], bl[j][1]);
-            mmaTf32(dhh, ah, bh[j][0], bh[j][1]);
-        }
-        float acc[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            acc[i] = dhh[i] + (dhl[i] + dlh[i]);
+            for (int nt = 0; nt < NT; ++nt)
+            {
+                uint32_t bh0, bl0, bh1, bl1;
+                splitTf32(sv[8 * nt * SM::SS + 8 * j], bh0, bl0);
+                splitTf32(sv[8 * nt * SM::SS + 8 * j + 4], bh1, bl1);
+                mmaTf32(dlh[nt], al, bh0, bh1);
+                mmaTf32(dhl[nt], ah, bl0, bl1);
+                mmaTf32(dhh[nt], ah, bh0, bh1);
+            }
+        }
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                acc[nt][i] = dhh[nt][i] + (dhl[nt][i] + dlh[nt][i]);
         if constexpr (KS > 1)
         {
             if (ks > 0)
-                *reinterpret_cast<float4*>(&sm.red[ks - 1][rt][lane][0]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    *reinterpret_cast<float4*>(&sm.red[ks - 1][rt][lane][4 * nt])
+                        = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
             __syncthreads();  // the other parts' sums visible (read before the next block's first barrier)
             if (ks == 0)
 #pragma unroll
                 for (int o = 0; o < KS - 1; ++o)
-                {
-                    float4 const r = *reinterpret_cast<float4 const*>(&sm.red[o][rt][lane][0]);
-                    acc[0] += r.x;
-                    acc[1] += r.y;
-                    acc[2] += r.z;
-                    acc[3] += r.w;
-                }
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                    {
+                        float4 const r = *reinterpret_cast<float4 const*>(&sm.red[o][rt][lane][4 * nt]);
+                        acc[nt][0] += r.x;
+                        acc[nt][1] += r.y;
+                        acc[nt][2] += r.z;
+                        acc[nt][3] += r.w;
+                    }
         }
         if (ks == 0)
 #pragma unroll
-            for (int bb = 0; bb < NB; ++bb)  // (compile-time register indices)
-                if (bb == b)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int half = 0; half < 2; ++half)
-                    {
-                        int const r = outRow(bb, half);
-                        float const v0 = x[bb][2 * half] + acc[2 * half], v1 = x[bb][2 * half + 1] + acc[2 * half + 1];
-                        sm.sT[cur ^ 1][2 * q][r] = v0;  // S_{sg+1}^T, read after the next step's first barrier
-                        sm.sT[cur ^ 1][2 * q + 1][r] = v1;
-                        *reinterpret_cast<float2*>(&stOut(sg + 1, r, 2 * q)) = make_float2(v0, v1);
-                    }
+                for (int half = 0; half < 2; ++half)
+                {
+                    int const r = outRow(b, half), c = 8 * nt + 2 * q;
+                    float const v0 = x[nt][2 * half] + acc[nt][2 * half], v1 = x[nt][2 * half + 1] + acc[nt][2 * half + 1];
+                    sm.sT[cur ^ 1][c][r] = v0;  // S_{sg+1}^T, read after the next step's first barrier
+                    sm.sT[cur ^ 1][c + 1][r] = v1;
+                    *reinterpret_cast<float2*>(&stOut(sg + 1, r, c)) = make_float2(v0, v1);
+                }
     }
     cpAsyncWaitAll();
 }

@@ -82,11 +82,12 @@ def test_cp_64k_single_sequence(kernels, gen, gates, K, V, Hk, Hv):
 @pytest.mark.gpu
 @pytest.mark.parametrize("gates", ["strong", "weak"])
 @pytest.mark.parametrize("seqlens,Hk,Hv,K,V", [([4096 + 37], 2, 8, 128, 128), ([8192 - 5], 4, 8, 64, 64),
-                                                ([4096, 4000], 2, 8, 128, 128), ([8192 + 1], 2, 4, 256, 256)])
+                                                ([4096, 4000], 2, 8, 128, 128), ([8192 + 1], 2, 4, 256, 256),
+                                                ([4096 + 37], 2, 4, 256, 256)])
 def test_cp_auto_short_sequences(kernels, gen, gates, seqlens, Hk, Hv, K, V):
-    """The automatic launch at few-head shapes of 4K-8K tokens: one sequence runs context parallel in segments of 16
-    chunks where pass 1 runs on wgmma (K <= 128; cpMinChunks; 4 segments at 4K, 7 at 8K - 5) and of 32 at K = 256 (4 at
-    8K); the two sequences of 4096 and 4000 tokens average 63 chunks, short of 4 segments, and take the one-pass scan
+    """The automatic launch at few-head shapes of 4K-8K tokens: one sequence runs context parallel in segments of at
+    least 16 chunks (kCpMinChunks; 4 segments at 4K, 7 at 8K - 5, 8 at K = 256 8K + 1, where pass 1 runs on mma.sync);
+    the two sequences of 4096 and 4000 tokens average 63 chunks, short of 4 segments, and take the one-pass scan
     (the rule's edge). The workspace the automatic launch asks for holds its segments, and the outputs match the
     float64 reference from non-zero initial states."""
     inp = make_prefill_inputs(gen, seqlens, Hk, Hv, K, V, use_qk_l2norm=1, **GATES[gates])
