@@ -341,6 +341,56 @@ bool wgmmaUsable()
 #endif
 }
 
+// Dynamic shared memory per block the kernels of concrete scan `scan` ask for with 16-bit I/O at head dim K (the
+// two 16-bit types have the same layouts), with the wgmma passes where launchChunked runs them
+template <int K>
+size_t scanSmemBytesK(PrefillScan scan)
+{
+    using T = __nv_bfloat16;
+    size_t b = sizeof(prefill_chunked::PrepSmem<T, K>);
+    auto need = [&](size_t x) { b = std::max(b, x); };
+    bool const wg2 = K <= 128 && scan != PrefillScan::kCpMma && wgmmaUsable();  // context-parallel pass 2 on wgmma
+    switch (scan)
+    {
+    case PrefillScan::kMma2: need(sizeof(prefill_chunked::ScanSmem<T, K, 2>)); break;
+    case PrefillScan::kMma4: need(sizeof(prefill_chunked::ScanSmem<T, K, 4>)); break;
+    case PrefillScan::kCp:
+    case PrefillScan::kCpMma:
+    case PrefillScan::kCpWg:
+        need(sizeof(prefill_cp::CpFixSmem<K>));
+        if constexpr (K <= 128)
+        {
+            if (wg2)
+            {
+                need(sizeof(prefill_chunked::WgScanSmem<T, K>) + 1024);
+                need(scan == PrefillScan::kCpWg ? sizeof(prefill_cp::CpWgSmem<T, K>) + 1024
+                                                : sizeof(prefill_cp::CpSmem<T, K, false>));
+                break;
+            }
+        }
+        need(sizeof(prefill_cp::CpSmem<T, K, false>));
+        need(sizeof(prefill_cp::CpSmem<T, K, true>));
+        break;
+    default:  // the wgmma scans (sm_90 only: 227 KB)
+        if constexpr (K <= 128)
+            need(sizeof(prefill_chunked::WgScanSmem<T, K>) + 1024);
+        break;
+    }
+    return b;
+}
+
+// Whether the kernels of concrete scan `scan` fit this device's opt-in shared memory per block at head dim K with
+// 16-bit I/O (not every sm_80+ part: A100 163 KB, sm_86 / sm_89 / sm_120 99 KB, Hopper 227 KB); true where the
+// device cannot be queried
+bool scanFits(PrefillScan scan, int32_t K)
+{
+    int const optin = cachedDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
+    if (optin <= 0)
+        return true;
+    size_t const need = K == 64 ? scanSmemBytesK<64>(scan) : K == 128 ? scanSmemBytesK<128>(scan) : scanSmemBytesK<256>(scan);
+    return need <= size_t(optin);
+}
+
 // CTAs of the wgmma scan (V-tile 64)
 int64_t wgScanCtas(GdnPrefillParams const& p)
 {
@@ -493,10 +543,11 @@ cudaError_t dispatchK(GdnPrefillParams const& p, ChunkWs const& ws, PrefillScan 
 // (one short wave: a few long sequences; the prep keeps the other SMs), after it for batches of many sequences.
 PrefillScan pickPrefillScan(GdnPrefillParams const& p)
 {
-    if (cfg::kCpAuto && cpSegments(p, smCount()) >= 2)
-        return cfg::kCpPass1Wg ? PrefillScan::kCpWg : PrefillScan::kCp;
-    if (p.K > 128 || !wgmmaUsable())
-        return PrefillScan::kMma4;
+    PrefillScan const cp = cfg::kCpPass1Wg ? PrefillScan::kCpWg : PrefillScan::kCp;
+    if (cfg::kCpAuto && cpSegments(p, smCount()) >= 2 && scanFits(cp, p.K))
+        return cp;
+    if (p.K > 128 || !wgmmaUsable())  // (mma2 where mma4's shared memory does not fit)
+        return scanFits(PrefillScan::kMma4, p.K) ? PrefillScan::kMma4 : PrefillScan::kMma2;
     return cfg::kBesideSmShare * wgScanCtas(p) <= smCount() ? PrefillScan::kWgmmaBeside : PrefillScan::kWgmma;
 }
 
@@ -504,7 +555,11 @@ PrefillScan pickPrefillScan(GdnPrefillParams const& p)
 
 bool prefillScanRuns(PrefillScan scan, int32_t K)
 {
-    return isWgmmaScan(scan) ? K <= 128 && wgmmaUsable() : prefillScanName(int32_t(scan)) != nullptr;
+    if (!spec::isKernelHeadDim(K) || prefillScanName(int32_t(scan)) == nullptr)
+        return false;
+    if (isWgmmaScan(scan) && !(K <= 128 && wgmmaUsable()))
+        return false;
+    return scanFits(scan == PrefillScan::kAuto ? PrefillScan::kMma2 : scan, K);  // (auto: at least mma2 runs)
 }
 
 char const* gdnPrefillSupports(GdnPrefillParams const& p)
@@ -527,6 +582,9 @@ char const* gdnPrefillSupports(GdnPrefillParams const& p)
         return "prefill: gateMode 1 needs ALog and dtBias";
     if (p.N > 0 && (p.cuSeqlens == nullptr || p.finalState == nullptr))
         return "prefill: cuSeqlens and finalState are required";
+    if (p.ioType != DType::kFloat32 && !scanFits(PrefillScan::kMma2, p.K))
+        return "prefill: 16-bit I/O at this head dim needs more shared memory per block than this GPU allows (the "
+               "chunked kernels: 90 KB at K = 64, 122 KB at K = 128, 186 KB at K = 256); float32 I/O runs on any GPU";
     if (p.T > 0 && (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.g == nullptr || p.beta == nullptr
                        || p.o == nullptr))
         return "prefill: q, k, v, g, beta and o are required when T > 0";

@@ -157,6 +157,40 @@ def test_prefill_beside_long_sequences(kernels, gen, tma):
 
 
 @pytest.mark.gpu
+def test_scans_fit_the_gpus_shared_memory(kernels, gen):
+    """Which scans run follows the GPU's opt-in shared memory per block. On Hopper (227 KB) every mma.sync and
+    context-parallel scan runs at K = 64, 128 and 256 and the wgmma scans at K <= 128, so no forced-scan test skips
+    there; where 16-bit I/O at a head dim needs more than the GPU allows (A100 at K = 256; 99 KB parts at every K),
+    the library refuses those params with its reason (the PyTorch op then falls back) and float32 I/O still runs."""
+    props = torch.cuda.get_device_properties(0)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if optin is None:
+        pytest.skip("torch does not report the opt-in shared memory per block")
+    runs = kernels.launch.prefill_scan_runs
+    if optin >= 227 * 1024:
+        for K in (64, 128, 256):
+            for scan in ("auto", "mma2", "mma4", "cp", "cp_mma", "cp_wg"):
+                assert runs(kernels.LIB, scan, K), (scan, K)
+        if (props.major, props.minor) == (9, 0) and kernels.launch.prefill_scan_runs(kernels.LIB, "wgmma", 64):
+            assert all(runs(kernels.LIB, s, K) for s in ("wgmma", "wgmma_beside") for K in (64, 128))
+        return
+    for K in (64, 128, 256):
+        if runs(kernels.LIB, "auto", K):
+            continue
+        for io in ("bf16", "f32"):
+            inp = make_prefill_inputs(gen, [70, 3], 1, 2, K, K)
+            d, ref = to_device(inp, DT[io], torch.float32)
+            attrs = op_attrs(0, 0)
+            if io == "bf16":
+                p = _params(kernels, d, attrs, torch.empty_like(d["v"]), torch.empty_like(d["initial_state"]),
+                            "given")
+                assert "shared memory" in kernels.launch.prefill_supports(kernels.LIB, p)
+            else:
+                o, final = _run(kernels, d, attrs)
+                _check(o, final, ref, attrs, DT[io])
+
+
+@pytest.mark.gpu
 def test_prefill_scan_names_and_unrunnable_scan(kernels, gen):
     """The library names its scans; a scan that cannot run for the params is refused, not silently replaced."""
     from gdn_deploy.kernels.library import prefill_scan_code, prefill_scan_names
