@@ -218,14 +218,14 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
 // S_{s+1} = M_s S_s + H_s in fp32, each S_s written to cw.st. Every M_s and H_s is in memory when it starts, so
 // only the products form a chain: the rows of M_1 .. M_{G-2} stream through a two-stage cp.async pipeline of
 // kFixRows-row blocks (all of M_s at K <= 128: one block and one barrier per step; 64 rows at K = 256), the CTA's
-// columns of S_s sit transposed in shared memory (double-buffered over steps), and H_s is read into registers at
-// the start of its step.
+// columns of S_s sit transposed in shared memory (double-buffered over steps), and a block's rows of H_s are read
+// into registers before its barrier.
 // The products run on tf32 tensor cores in three terms (3xTF32: x = hi + lo, both tf32; hi.hi + hi.lo + lo.hi,
 // each term in its own accumulator), which keeps fp32 accuracy: a warp computes one 16-row tile of a block x the
 // 8 columns (mma m16n8k8) over a part of K; where a block has fewer than 8 row tiles (K = 64, and the 64-row blocks
 // of K = 256) kFixKSplit warps share a tile's K sum and add their parts through shared memory.
 constexpr int kFixCols = 8, kFixWarps = 8, kFixThreads = 32 * kFixWarps, kFixStages = 2;
-constexpr int kFixSmemBudget = 160 * 1024;  // within every sm_80+ part's opt-in shared memory per block
+constexpr int kFixSmemBudget = 160 * 1024;  // within A100's opt-in shared memory per block (163 KB)
 template <int K>
 constexpr int kFixSmemBytes(int rows)  // M blocks + S^T + K-split parts
 {

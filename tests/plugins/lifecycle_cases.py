@@ -212,7 +212,7 @@ def default_cases(gen) -> list[Case]:
                      io="bfloat16", gate="bfloat16", gate_mode=1, use_qk_l2norm=1, scale=0.3),
         prefill_case(gen, "prefill_fp16_fp32_gates", [5, 130], Hk=2, Hv=2, K=64, V=128,
                      io="float16", gate="float32"),
-        # one long sequence on few heads: the automatic choice is the context-parallel scan (4 segments of 32
+        # one long sequence on few heads: the automatic choice is the context-parallel scan (8 segments of 16
         # chunks on a 132-SM H100), its workspace sized from the profile's largest shapes
         prefill_case(gen, "prefill_bf16_context_parallel", [8200], Hk=1, Hv=2, K=128, V=128,
                      io="bfloat16", gate="float32", use_qk_l2norm=1),
