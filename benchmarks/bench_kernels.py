@@ -450,7 +450,9 @@ def bench_prefill(ceil: dict, quick: bool, kernels, fla_chunk, cases_filter: str
     extra = [("h16_d64 1x16K", [16384], (16, 16, 64, 64)), ("h16_d256 1x16K", [16384], (16, 16, 256, 256))]
     todo = [(n, sl, shape["qwen3next"]) for n, sl in cases] + ([] if quick else extra) + SHARD_CASES
     if cases_filter:
-        todo = [c for c in todo if any(f in c[0] for f in cases_filter.split(","))]
+        filters = cases_filter.split(",")  # cases run in the order of the filters they match first
+        rank = {c[0]: min((i for i, f in enumerate(filters) if f in c[0]), default=-1) for c in todo}
+        todo = sorted((c for c in todo if rank[c[0]] >= 0), key=lambda c: rank[c[0]])
     have_ours = kernels is not None and kernels.HAS_PREFILL
     if kernels is not None and not kernels.HAS_PREFILL:
         log(f"[prefill] ours unavailable: {kernels.PREFILL_UNAVAILABLE_REASON}")
@@ -591,7 +593,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's chunked prefill (SM90 only)")
-    ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list)")
+    ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list), run in that order")
     ap.add_argument("--scans", default="",
                     help="comma list of prefill scans to time too in every case, as ours_<scan> (e.g. "
                          "wgmma,wgmma_beside,mma4; the library's names: gdn_deploy.kernels.library.prefill_scan_names)")
