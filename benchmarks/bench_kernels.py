@@ -593,7 +593,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's chunked prefill (SM90 only)")
-    ap.add_argument("--cases", default="", help="prefill cases whose name contains one of these (comma list), run in that order")
+    ap.add_argument("--cases", default="",
+                    help="prefill cases whose name contains one of these (comma list), run in that order")
     ap.add_argument("--scans", default="",
                     help="comma list of prefill scans to time too in every case, as ours_<scan> (e.g. "
                          "wgmma,wgmma_beside,mma4; the library's names: gdn_deploy.kernels.library.prefill_scan_names)")

@@ -223,31 +223,25 @@ __global__ void __launch_bounds__(128, 1) gdnPrefillCpKernel(GdnPrefillParams co
 // The products run on tf32 tensor cores in three terms (3xTF32: x = hi + lo, both tf32; hi.hi + hi.lo + lo.hi,
 // each term in its own accumulator), which keeps fp32 accuracy: a warp computes one 16-row tile of a block x the
 // 8 columns (mma m16n8k8) over a part of K; where a block has fewer than 8 row tiles (K = 64, and the 64-row blocks
-// of K = 256) kFixKSplit warps share a tile's K sum and add their parts through shared memory.
+// of K = 256) KS warps share a tile's K sum and add their parts through shared memory.
 constexpr int kFixCols = 8, kFixWarps = 8, kFixThreads = 32 * kFixWarps, kFixStages = 2;
 constexpr int kFixSmemBudget = 160 * 1024;  // within A100's opt-in shared memory per block (163 KB)
-template <int K>
-constexpr int kFixSmemBytes(int rows)  // M blocks + S^T + K-split parts
+template <int K, int RB>  // with pipeline blocks of RB rows of M
+struct CpFixSmemRows
 {
-    return 4 * (kFixStages * rows * (K + 4) + 2 * kFixCols * (K + 4)
-               + (rows < 128 ? (8 / (rows / 16) - 1) * (rows / 16) : 1) * 32 * (kFixCols / 2));
-}
-template <int K>  // rows of M per pipeline block: all of M_s where it fits, else 64 or 32
-constexpr int kFixRows = kFixSmemBytes<K>(K) <= kFixSmemBudget ? K : kFixSmemBytes<K>(64) <= kFixSmemBudget ? 64 : 32;
-template <int K>
-constexpr int kFixRowTiles = kFixRows<K> / 16;  // 16-row mma tiles per block
-template <int K>
-constexpr int kFixKSplit = kFixWarps / kFixRowTiles<K>;  // warps sharing one tile's K sum
-template <int K>
-struct CpFixSmem
-{
-    static constexpr int RT = kFixRowTiles<K>, KS = kFixKSplit<K>;
+    static constexpr int RT = RB / 16, KS = kFixWarps / RT;  // 16-row mma tiles per block; warps sharing one's K sum
     static constexpr int MS = K + 4;  // padded rows of M: conflict-free A fragments
     static constexpr int SS = K + 4;  // padded rows of S^T: conflict-free B fragments and transposed stores
-    float m[kFixStages][kFixRows<K>][MS];
+    float m[kFixStages][RB][MS];
     float sT[2][kFixCols][SS];  // S_s^T (this CTA's columns), double-buffered over the steps
     float red[KS > 1 ? KS - 1 : 1][KS > 1 ? RT : 1][32][kFixCols / 2];  // K-split parts (C fragments of the n8 tiles)
 };
+template <int K>  // rows of M per pipeline block: all of M_s where it fits, else 64 or 32
+constexpr int kFixRows = sizeof(CpFixSmemRows<K, K>) <= kFixSmemBudget ? K
+    : sizeof(CpFixSmemRows<K, 64>) <= kFixSmemBudget                  ? 64
+                                                                       : 32;
+template <int K>
+using CpFixSmem = CpFixSmemRows<K, kFixRows<K>>;
 
 // Programmatic dependent launch (sm_90; kCpProgrammaticLaunch, off: measured slower at 1x64K): the context-parallel
 // kernels after the prep can each launch as the programmatic dependent of the one before (cpLaunchDependent), so
@@ -291,7 +285,7 @@ __device__ __forceinline__ void cpAsyncWaitGroup()
 // x as the two tf32 terms of 3xTF32: hi (x rounded to tf32) and lo (x - hi rounded to tf32)
 __device__ __forceinline__ void splitTf32(float x, uint32_t& hi, uint32_t& lo)
 {
-    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    hi = toTf32(x) & 0xffffe000u;
     lo = toTf32(x - __uint_as_float(hi));
 }
 
@@ -303,7 +297,7 @@ __global__ void __launch_bounds__(kFixThreads) gdnPrefillCpFixKernel(GdnPrefillP
     constexpr int C = kFixCols, RB = kFixRows<K>, NB = K / RB, RT = SM::RT, KS = SM::KS, MS = SM::MS, NT = C / 8;
     constexpr int KP = K / KS, STEPS = KP / 8;  // a warp's part of the K sum, in k8 steps
     static_assert(RT * KS == kFixWarps && KP % 8 == 0 && C % 8 == 0, "fix-up tiling");
-        extern __shared__ __align__(16) unsigned char smemRaw[];
+    extern __shared__ __align__(16) unsigned char smemRaw[];
     auto& sm = *reinterpret_cast<SM*>(smemRaw);
     int const n = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int const warp = tid / 32, lane = tid % 32, g = lane >> 2, q = lane & 3;

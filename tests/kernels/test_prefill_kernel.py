@@ -170,7 +170,7 @@ def test_scans_fit_the_gpus_shared_memory(kernels, gen):
         for K in (64, 128, 256):
             for scan in ("auto", "mma2", "mma4", "cp", "cp_mma", "cp_wg"):
                 assert runs(kernels.LIB, scan, K), (scan, K)
-        if (props.major, props.minor) == (9, 0) and kernels.launch.prefill_scan_runs(kernels.LIB, "wgmma", 64):
+        if (props.major, props.minor) == (9, 0) and runs(kernels.LIB, "wgmma", 64):
             assert all(runs(kernels.LIB, s, K) for s in ("wgmma", "wgmma_beside") for K in (64, 128))
         return
     for K in (64, 128, 256):
